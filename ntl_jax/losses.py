@@ -1,0 +1,451 @@
+"""The Number Token Loss family as pure JAX functions.
+
+Zausinger et al., "Regress, Don't Guess - A Regression-like Loss on Number Tokens for
+Language Models", ICML 2025 (arXiv:2411.02083). Every function here gives the same
+numbers as the authors' PyTorch package `ntloss` 0.3.2 (`NTLoss`, `NTLossDotProduct`,
+`NumberLevelLoss`), but with static shapes: masks instead of boolean indexing, no
+host synchronisation, so they run under `jit`, `vmap`, `grad` and sharding.
+
+Conventions (optax style): arrays first, options keyword-only. `logits` is
+`[batch, length, vocab]` (f32, bf16 or f16; computed in f32), `targets` `[batch,
+length]` integer token ids, `weights` `[batch, length]` non-negative (0 ignores a
+position, like ntloss's `ignore_index`; a target id outside the vocabulary is not a
+number token either). A position counts when its target is a number token (for the
+number-level loss: when it starts a number). `reduction`:
+
+- `"none"`: `[batch, length]`, loss x weight at counted positions, 0 elsewhere;
+- `"sum"`: the sum of that;
+- `"mean"`: that sum over the sum of the weights at counted positions (0 if none).
+
+`reweigh` defaults to False as in the paper; ntloss defaults to True.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from ntl_jax.numbers import NumberTokens, check_squash_factor
+
+Reduction = Literal["none", "sum", "mean"]
+DotLoss = Literal["mse", "mae", "huber"]
+KINDS = ("was", "mse", "mae", "huber", "number_level", "number_level_float")
+_REDUCTIONS = ("none", "sum", "mean")
+_EPS = float(jnp.finfo(jnp.float32).eps)
+# ntloss's NumberLevelLoss precomputes powers of ten up to this many digits.
+_MAX_NUMBER_LENGTH = 20
+# reweigh: a position whose mass is off the number tokens costs slightly more than the
+# worst number token (ntloss's constant).
+_REWEIGH_MARGIN = 1.01
+
+
+# -- input checks ---------------------------------------------------------------
+
+
+def check_inputs(logits, targets, number_tokens: NumberTokens, weights=None):
+    """Checks ranks, shapes and dtypes at trace time; returns `weights` as f32 or None."""
+    if not isinstance(number_tokens, NumberTokens):
+        raise TypeError(f"expected number_tokens to be a NumberTokens, got {type(number_tokens).__name__}")
+    logits_shape = jnp.shape(logits)
+    if len(logits_shape) != 3:
+        raise ValueError(f"expected logits of rank 3 [batch, length, vocab], got shape {logits_shape}")
+    if not jnp.issubdtype(jnp.result_type(logits), jnp.floating):
+        raise TypeError(f"expected floating-point logits (f32, bf16 or f16), got {jnp.result_type(logits)}")
+    if logits_shape[-1] != number_tokens.vocab_size:
+        raise ValueError(
+            f"expected logits with a last axis equal to the vocabulary size of number_tokens "
+            f"({number_tokens.vocab_size}), got {logits_shape[-1]}"
+        )
+    if targets is None:
+        return None
+    targets_shape = jnp.shape(targets)
+    if len(targets_shape) != 2:
+        raise ValueError(f"expected targets of rank 2 [batch, length], got shape {targets_shape}")
+    if not jnp.issubdtype(jnp.result_type(targets), jnp.integer):
+        raise TypeError(f"expected integer targets (token ids), got {jnp.result_type(targets)}")
+    if targets_shape != logits_shape[:2]:
+        raise ValueError(
+            f"expected targets of shape {logits_shape[:2]} (logits' first two axes), got {targets_shape}"
+        )
+    if weights is None:
+        return None
+    weights_shape = jnp.shape(weights)
+    if weights_shape != targets_shape:
+        raise ValueError(f"expected weights of shape {targets_shape} (as targets), got {weights_shape}")
+    dtype = jnp.result_type(weights)
+    if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_):
+        raise TypeError(f"expected real-valued weights, got {dtype}")
+    return jnp.asarray(weights, jnp.float32)
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"expected reduction in {_REDUCTIONS}, got {reduction!r}")
+
+
+# -- shared pieces ----------------------------------------------------------------
+
+
+def target_values(targets, number_tokens: NumberTokens):
+    """`(is_number, value)`, both `[batch, length]`: value 0 where not a number."""
+    values = jnp.asarray(number_tokens.values, jnp.float32)
+    in_vocab = (targets >= 0) & (targets < number_tokens.vocab_size)
+    value = values[jnp.where(in_vocab, targets, 0)]
+    is_number = in_vocab & ~jnp.isnan(value)
+    # Sanitise before any arithmetic so no NaN reaches a gradient.
+    return is_number, jnp.where(is_number, value, 0.0)
+
+
+def _number_log_probs(logits, number_tokens: NumberTokens):
+    """Log-softmax over the number-token logits only, `[batch, length, N]` f32."""
+    number_logits = jnp.take(logits, jnp.asarray(number_tokens.ids), axis=-1).astype(jnp.float32)
+    return jax.nn.log_softmax(number_logits, axis=-1), number_logits
+
+
+def _number_mass(number_logits, logits, log_normalizer=None):
+    """Full-vocabulary probability on number tokens, `[batch, length]`."""
+    if log_normalizer is None:
+        log_normalizer = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+    return jnp.sum(jnp.exp(number_logits - log_normalizer[..., None]), axis=-1)
+
+
+def _reweigh(loss, number_logits, logits, max_dist, log_normalizer=None):
+    mass = _number_mass(number_logits, logits, log_normalizer)
+    return loss * mass + _REWEIGH_MARGIN * max_dist * (1.0 - mass)
+
+
+def reduce_loss(loss, counted, weights, reduction: str):
+    """Applies ntloss's reductions to a per-position `loss` at the `counted` positions."""
+    _check_reduction(reduction)
+    w = jnp.where(counted, 1.0 if weights is None else weights, 0.0)
+    per_token = jnp.where(counted, loss, 0.0) * w
+    if reduction == "none":
+        return per_token
+    total = jnp.sum(per_token)
+    if reduction == "sum":
+        return total
+    return total / jnp.maximum(jnp.sum(w), _EPS)
+
+
+def _dot_loss_fn(loss: str):
+    if loss == "mse":
+        return jnp.square
+    if loss == "mae":
+        return jnp.abs
+    if loss == "huber":
+        # torch.nn.functional.huber_loss with delta 1.
+        return lambda d: jnp.where(jnp.abs(d) < 1.0, 0.5 * jnp.square(d), jnp.abs(d) - 0.5)
+    raise ValueError(f"expected loss in ('mse', 'mae', 'huber'), got {loss!r}")
+
+
+# -- per-position losses (unreduced, with their counted-position masks) ------------
+
+
+def _was_per_position(logits, targets, number_tokens, *, reweigh, squash_factor, log_normalizer=None):
+    is_number, y = target_values(targets, number_tokens)
+    log_p, number_logits = _number_log_probs(logits, number_tokens)
+    v = jnp.asarray(number_tokens.number_values, jnp.float32)
+    dist = jnp.abs(y[..., None] - v)
+    if squash_factor is not None:
+        # The same affine map as NumberTokens.distance_table, applied to the target's row.
+        table = jnp.abs(v[:, None] - v[None, :])
+        closest = jnp.min(jnp.where(table == 0, jnp.finfo(jnp.float32).max, table))
+        scale = (squash_factor - 1.0) / (jnp.max(table) - closest)
+        dist = jnp.where(dist == 0, 0.0, 1.0 + (dist - closest) * scale)
+        max_dist = jnp.asarray(squash_factor, jnp.float32)
+    else:
+        max_dist = jnp.max(v) - jnp.min(v)
+    loss = jnp.sum(jnp.exp(log_p) * dist, axis=-1)
+    if reweigh:
+        loss = _reweigh(loss, number_logits, logits, max_dist, log_normalizer)
+    return loss, is_number
+
+
+def _dot_per_position(logits, targets, number_tokens, *, loss, reweigh, log_normalizer=None):
+    fn = _dot_loss_fn(loss)
+    is_number, y = target_values(targets, number_tokens)
+    log_p, number_logits = _number_log_probs(logits, number_tokens)
+    v = jnp.asarray(number_tokens.number_values, jnp.float32)
+    yhat = jnp.sum(jnp.exp(log_p) * v, axis=-1)
+    per_position = fn(yhat - y)
+    if reweigh:
+        # ntloss: the largest value the loss takes between the extreme token values.
+        max_dist = fn(jnp.max(v) - jnp.min(v))
+        per_position = _reweigh(per_position, number_logits, logits, max_dist, log_normalizer)
+    return per_position, is_number
+
+
+def _shift_right(x, fill):
+    """x[:, t-1] at position t, `fill` at t = 0."""
+    return jnp.concatenate([jnp.full_like(x[:, :1], fill), x[:, :-1]], axis=1)
+
+
+def _shift_left(x, fill):
+    """x[:, t+1] at position t, `fill` at the last position."""
+    return jnp.concatenate([x[:, 1:], jnp.full_like(x[:, :1], fill)], axis=1)
+
+
+def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None):
+    """Joins runs of digits into numbers, placing each number at its first digit.
+
+    The vectorised twin of ntloss's `NumberLevelLoss.convert_digits_to_numbers`: a run
+    of consecutive digits d_1..d_k is the number sum_i d_i 10^(k-i); when `dot_id` is
+    given, a single `.` between two digits does not break the run (and contributes
+    nothing, so 12.34 reads as 1234, as in ntloss).
+
+    Args:
+      is_digit: `[batch, length]` bool.
+      digit_values: `[batch, length]` digit values (any real values at digit positions).
+      targets: `[batch, length]` token ids, needed only with `dot_id`.
+      dot_id: the id of `.`, or None to let a dot break numbers.
+
+    Returns:
+      `(starts, numbers)`: `starts` `[batch, length]` marks the first digit of each
+      number, `numbers` holds its value there (and 0 elsewhere).
+    """
+    batch, length = is_digit.shape
+    digit_prev = _shift_right(is_digit, False)
+    in_number = is_digit
+    continues = digit_prev
+    if dot_id is not None:
+        is_dot = targets == dot_id
+        dot_between_digits = is_dot & digit_prev & _shift_left(is_digit, False)
+        in_number = is_digit | dot_between_digits
+        continues = digit_prev | (_shift_right(is_dot, False) & _shift_right(digit_prev, False))
+    starts = in_number & ~continues  # always a digit: a dot in a number continues it
+
+    # Segment ids, unique across the batch: row b uses b * (length + 1) + [0 .. length].
+    seg = jnp.cumsum(starts, axis=1) * in_number
+    seg = seg + jnp.arange(batch)[:, None] * (length + 1)
+    num_segments = batch * (length + 1)
+    flat_seg = seg.reshape(-1)
+
+    def segment_sum(x):
+        return jax.ops.segment_sum(x.reshape(-1), flat_seg, num_segments=num_segments)
+
+    # Exponent of each digit: how many digits of its number come after it.
+    digits_before = jnp.cumsum(is_digit, axis=1) - is_digit  # digits strictly before t
+    count = segment_sum(is_digit.astype(jnp.int32))[seg]
+    offset = segment_sum(jnp.where(starts, digits_before, 0))[seg]
+    exponent = jnp.clip(count - (digits_before - offset) - 1, 0, _MAX_NUMBER_LENGTH - 1)
+    contribution = jnp.where(is_digit, digit_values * (10.0 ** exponent.astype(jnp.float32)), 0.0)
+    numbers = jnp.where(starts, segment_sum(contribution)[seg], 0.0)
+    return starts, numbers
+
+
+def _number_level_per_position(logits, targets, number_tokens, *, float_level, reweigh, log_normalizer=None):
+    is_digit, y = target_values(targets, number_tokens)
+    log_p, number_logits = _number_log_probs(logits, number_tokens)
+    v = jnp.asarray(number_tokens.number_values, jnp.float32)
+    yhat = jnp.sum(jnp.exp(log_p) * v, axis=-1)
+    dot_id = number_tokens.dot_id if float_level else None
+    starts, y_num = join_digit_runs(is_digit, y, targets, dot_id)
+    _, yhat_num = join_digit_runs(is_digit, yhat, targets, dot_id)
+    # Symmetric MAPE, bounded in [0, 1].
+    loss = jnp.abs(yhat_num - y_num) / (jnp.abs(yhat_num) + jnp.abs(y_num) + _EPS)
+    if reweigh:
+        loss = _reweigh(loss, number_logits, logits, jnp.float32(1.0), log_normalizer)
+    return loss, starts
+
+
+def per_position_loss(
+    logits, targets, number_tokens, *, kind="was", reweigh=False, squash_factor=None, log_normalizer=None
+):
+    """`(loss, counted)` for any NTL `kind`, both `[batch, length]`, inputs already checked.
+
+    `log_normalizer` (the full-vocabulary logsumexp, `[batch, length]`) may be passed
+    in by a caller that has it already, so `reweigh` does not compute it twice.
+    """
+    if kind == "was":
+        return _was_per_position(
+            logits, targets, number_tokens, reweigh=reweigh, squash_factor=squash_factor,
+            log_normalizer=log_normalizer,
+        )
+    if squash_factor is not None:
+        raise ValueError(f"squash_factor applies only to kind='was', got kind={kind!r}")
+    if kind in ("mse", "mae", "huber"):
+        return _dot_per_position(
+            logits, targets, number_tokens, loss=kind, reweigh=reweigh, log_normalizer=log_normalizer
+        )
+    if kind in ("number_level", "number_level_float"):
+        return _number_level_per_position(
+            logits, targets, number_tokens, float_level=kind == "number_level_float", reweigh=reweigh,
+            log_normalizer=log_normalizer,
+        )
+    raise ValueError(f"expected kind in {KINDS}, got {kind!r}")
+
+
+# -- public losses ---------------------------------------------------------------
+
+
+def ntl_was(
+    logits,
+    targets,
+    number_tokens: NumberTokens,
+    *,
+    weights=None,
+    reweigh: bool = False,
+    squash_factor: float | None = None,
+    reduction: Reduction = "none",
+):
+    """NTL-WAS: the Wasserstein-1 distance between the predicted number distribution
+    and the one-hot label (the paper's default; ntloss's `NTLoss`).
+
+    Per counted position: `sum_j p_j * D[y, j]` with `p` the softmax over the number
+    tokens only and `D` the distance table (|v_y - v_j|, or its squashed form).
+
+    Args:
+      logits: `[batch, length, vocab]` floating.
+      targets: `[batch, length]` integer token ids.
+      number_tokens: the vocabulary's `NumberTokens`.
+      weights: optional `[batch, length]` non-negative weights.
+      reweigh: scale by the full-vocabulary mass `m` on number tokens and add
+        `1.01 * max_dist * (1 - m)`. The paper does not; ntloss defaults to True.
+      squash_factor: if given (> 1), the farthest wrong token costs this many times
+        the closest wrong one.
+      reduction: `"none"`, `"sum"` or `"mean"` (see the module docstring).
+
+    Returns:
+      `[batch, length]` float32 for `"none"`, else a float32 scalar.
+
+    >>> import jax.numpy as jnp
+    >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
+    >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.0, 0.5]]]) + 1e-30)
+    >>> float(ntl_was(logits, jnp.array([[1]]), nt, reduction="sum"))  # 0.5*0 + 0.5*2
+    1.0
+    """
+    _check_reduction(reduction)
+    check_squash_factor(squash_factor)
+    weights = check_inputs(logits, targets, number_tokens, weights)
+    loss, counted = _was_per_position(logits, targets, number_tokens, reweigh=reweigh, squash_factor=squash_factor)
+    return reduce_loss(loss, counted, weights, reduction)
+
+
+def ntl_dot(
+    logits,
+    targets,
+    number_tokens: NumberTokens,
+    *,
+    weights=None,
+    loss: DotLoss = "mse",
+    reweigh: bool = False,
+    reduction: Reduction = "none",
+):
+    """NTL-MSE / MAE / Huber: a regression loss on the expected number-token value
+    (the paper's NTL-L_p; ntloss's `NTLossDotProduct`).
+
+    Per counted position: `f(sum_j p_j v_j - y)` with `p` the softmax over the number
+    tokens only and `f` the squared error, absolute error, or Huber loss with delta 1
+    (as `torch.nn.functional.huber_loss`).
+
+    Args:
+      logits, targets, number_tokens, weights, reduction: as in `ntl_was`.
+      loss: `"mse"`, `"mae"` or `"huber"`.
+      reweigh: as in `ntl_was`, with `max_dist = f(max v - min v)`. The paper does not
+        reweigh; ntloss defaults to True.
+
+    Returns:
+      `[batch, length]` float32 for `"none"`, else a float32 scalar.
+
+    >>> import jax.numpy as jnp
+    >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
+    >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.0, 0.5]]]) + 1e-30)
+    >>> float(ntl_dot(logits, jnp.array([[3]]), nt, reduction="sum"))  # (1 - 2)^2
+    1.0
+    """
+    _check_reduction(reduction)
+    _dot_loss_fn(loss)
+    weights = check_inputs(logits, targets, number_tokens, weights)
+    per_position, counted = _dot_per_position(logits, targets, number_tokens, loss=loss, reweigh=reweigh)
+    return reduce_loss(per_position, counted, weights, reduction)
+
+
+def number_level_loss(
+    logits,
+    targets,
+    number_tokens: NumberTokens,
+    *,
+    weights=None,
+    float_level: bool = False,
+    reweigh: bool = False,
+    reduction: Reduction = "none",
+):
+    """Number-level NTL: whole numbers scored with symmetric MAPE (ntloss's
+    `NumberLevelLoss`), without leaving the device.
+
+    Runs of digit targets are joined into numbers (`join_digit_runs`) on both the
+    labels and the expected digit values; each number contributes
+    `|yhat - y| / (|yhat| + |y| + eps)` at its first digit, weighted by that
+    position's weight.
+
+    Args:
+      logits, targets, number_tokens, weights, reduction: as in `ntl_was`.
+      float_level: let a single `.` between digits join them (needs a `.` token).
+      reweigh: as in `ntl_was` with `max_dist = 1`. The paper does not reweigh;
+        ntloss defaults to True.
+
+    Returns:
+      `[batch, length]` float32 for `"none"` (non-zero only at first digits), else a
+      float32 scalar.
+
+    >>> import jax.numpy as jnp
+    >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
+    >>> sure = lambda ids: jnp.log(jax.nn.one_hot(ids, 4) + 1e-30)
+    >>> logits = sure(jnp.array([[3, 2, 0]]))  # predicts "21", label "12"
+    >>> round(float(number_level_loss(logits, jnp.array([[2, 3, 0]]), nt, reduction="sum")), 4)
+    0.2727
+    """
+    _check_reduction(reduction)
+    weights = check_inputs(logits, targets, number_tokens, weights)
+    loss, counted = _number_level_per_position(
+        logits, targets, number_tokens, float_level=float_level, reweigh=reweigh
+    )
+    return reduce_loss(loss, counted, weights, reduction)
+
+
+def number_token_loss(
+    logits,
+    targets,
+    number_tokens: NumberTokens,
+    *,
+    kind: str = "was",
+    weights=None,
+    reweigh: bool = False,
+    squash_factor: float | None = None,
+    reduction: Reduction = "none",
+):
+    """Any NTL variant by name: `kind` in `"was"`, `"mse"`, `"mae"`, `"huber"`,
+    `"number_level"`, `"number_level_float"`. Other arguments as in `ntl_was`."""
+    _check_reduction(reduction)
+    check_squash_factor(squash_factor)
+    weights = check_inputs(logits, targets, number_tokens, weights)
+    loss, counted = per_position_loss(
+        logits, targets, number_tokens, kind=kind, reweigh=reweigh, squash_factor=squash_factor
+    )
+    return reduce_loss(loss, counted, weights, reduction)
+
+
+def predict_numbers(logits, number_tokens: NumberTokens):
+    """The expected number-token value and the number-token mass at every position.
+
+    Args:
+      logits: `[batch, length, vocab]` floating.
+      number_tokens: the vocabulary's `NumberTokens`.
+
+    Returns:
+      `(value, number_mass)`, both `[batch, length]` float32: `sum_j p_j v_j` with `p`
+      the softmax over the number tokens only, and the full-vocabulary softmax
+      probability on number tokens.
+
+    >>> import jax.numpy as jnp
+    >>> nt = NumberTokens.from_pieces(["a", "0", "1", "2"])
+    >>> value, mass = predict_numbers(jnp.log(jnp.array([[[0.5, 0.25, 0.0, 0.25]]]) + 1e-30), nt)
+    >>> round(float(value[0, 0]), 4), round(float(mass[0, 0]), 4)
+    (1.0, 0.5)
+    """
+    check_inputs(logits, None, number_tokens)
+    log_p, number_logits = _number_log_probs(logits, number_tokens)
+    value = jnp.sum(jnp.exp(log_p) * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
+    return value, _number_mass(number_logits, logits)

@@ -1,0 +1,177 @@
+"""Number-token tables built from a vocabulary.
+
+A `NumberTokens` holds, for a vocabulary of size `V`, the numeric value of every token
+(NaN for tokens that are not numbers), the ids and values of the `N` number tokens, and
+the id of the decimal point. It is a JAX pytree, so it can be a closure constant or an
+argument of a jitted function; everything derived from it (the distance table, the
+largest distance) is computed with `jnp` and therefore works on traced values too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_DIGITS = frozenset("0123456789")
+
+
+def _parse_number(piece: str, *, digit_level: bool) -> float | None:
+    """The value of `piece` if it is a number token, else None.
+
+    Follows ntloss 0.3.2: digit level keeps only the single ASCII characters 0-9;
+    otherwise anything Python's `float` parses to a finite value counts.
+    """
+    if digit_level:
+        return float(piece) if piece in _DIGITS else None
+    try:
+        value = float(piece)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+@jax.tree_util.register_pytree_node_class
+class NumberTokens:
+    """The number tokens of a vocabulary and their values.
+
+    Build it with `from_pieces` or `from_vocabulary`.
+
+    Attributes:
+      values: `[V]` float32, the value of each token id, NaN for non-number tokens.
+      ids: `[N]` int32, the ids of the number tokens in increasing order.
+      number_values: `[N]` float32, their values.
+      dot_id: id of the `.` token, or None (used by the float-level number loss).
+      vocab_size: `V`.
+
+    >>> nt = NumberTokens.from_pieces(["<pad>", "</s>", "1", "0", "a", "."])
+    >>> nt.ids.tolist(), nt.number_values.tolist(), nt.dot_id
+    ([2, 3], [1.0, 0.0], 5)
+    """
+
+    def __init__(self, values: Any, ids: Any, number_values: Any, *, dot_id: int | None):
+        self.values = values
+        self.ids = ids
+        self.number_values = number_values
+        self.dot_id = dot_id
+
+    # -- construction -------------------------------------------------------------
+
+    @classmethod
+    def from_pieces(cls, pieces: Sequence[str], *, digit_level: bool = True) -> "NumberTokens":
+        """Builds the table from `pieces[i]`, the string of token id `i`.
+
+        Args:
+          pieces: the string of every token id, in id order.
+          digit_level: if True (ntloss's and the paper's default) only the single
+            characters `0`-`9` are number tokens; otherwise every piece that parses as a
+            finite float (`12`, `-1`, `3.5`, `07`) is one.
+
+        Raises:
+          ValueError: if no token, or every token, is a number.
+        """
+        pieces = list(pieces)
+        values = np.full((len(pieces),), np.nan, dtype=np.float32)
+        dot_id = None
+        for i, piece in enumerate(pieces):
+            if not isinstance(piece, str):
+                raise TypeError(f"expected pieces to be strings, got {type(piece).__name__} at id {i}")
+            value = _parse_number(piece, digit_level=digit_level)
+            if value is not None:
+                values[i] = value
+            elif piece == "." and dot_id is None:
+                dot_id = i
+        is_number = ~np.isnan(values)
+        if not is_number.any():
+            kind = "a single digit 0-9" if digit_level else "a finite number"
+            raise ValueError(
+                f"expected at least one number token in the vocabulary (a piece that is {kind}), "
+                f"got none among {len(pieces)} pieces"
+            )
+        if is_number.all():
+            raise ValueError(
+                f"expected at least one non-number token in the vocabulary, got {len(pieces)} "
+                "pieces that are all numbers"
+            )
+        ids = np.flatnonzero(is_number).astype(np.int32)
+        return cls(values, ids, values[ids], dot_id=dot_id)
+
+    @classmethod
+    def from_vocabulary(cls, vocabulary: Any, *, digit_level: bool = True) -> "NumberTokens":
+        """Builds the table from a vocabulary object (duck-typed).
+
+        The pieces come from `vocabulary.id_to_piece(i)` when it exists, else from a
+        SentencePiece `vocabulary.tokenizer.id_to_piece(i)` (seqio's
+        `SentencePieceVocabulary`; its extra ids are not numbers), else from
+        `vocabulary.decode([i])` (e.g. `seqio.ByteVocabulary`), for every id below
+        `vocabulary.vocab_size`.
+        """
+        size = int(vocabulary.vocab_size)
+        if hasattr(vocabulary, "id_to_piece"):
+            pieces = [vocabulary.id_to_piece(i) for i in range(size)]
+        elif hasattr(getattr(vocabulary, "tokenizer", None), "id_to_piece"):
+            processor = vocabulary.tokenizer
+            known = processor.get_piece_size()
+            pieces = [processor.id_to_piece(i) if i < known else f"<extra_id_{i}>" for i in range(size)]
+        elif hasattr(vocabulary, "decode"):
+            pieces = [vocabulary.decode([i]) for i in range(size)]
+        else:
+            raise TypeError(
+                "expected a vocabulary with `id_to_piece`, `tokenizer.id_to_piece` or `decode`, "
+                f"got {type(vocabulary).__name__}"
+            )
+        return cls.from_pieces(pieces, digit_level=digit_level)
+
+    # -- pytree -------------------------------------------------------------------
+
+    def tree_flatten(self):
+        return (self.values, self.ids, self.number_values), self.dot_id
+
+    @classmethod
+    def tree_unflatten(cls, dot_id, children):
+        return cls(*children, dot_id=dot_id)
+
+    # -- derived tables -----------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def num_numbers(self) -> int:
+        return int(self.ids.shape[0])
+
+    def distance_table(self, squash_factor: float | None = None) -> jax.Array:
+        """`[N, N]` float32 table of |v_i - v_j| (ntloss's `dist_lookup`).
+
+        With `squash_factor` s > 1 the off-diagonal distances are mapped linearly so the
+        closest wrong token costs 1 and the farthest costs s; the diagonal stays 0.
+        """
+        v = jnp.asarray(self.number_values, jnp.float32)
+        diff = jnp.abs(v[:, None] - v[None, :])
+        if squash_factor is None:
+            return diff
+        check_squash_factor(squash_factor)
+        closest = jnp.min(jnp.where(diff == 0, jnp.finfo(jnp.float32).max, diff))
+        farthest = jnp.max(diff)
+        scale = (squash_factor - 1.0) / (farthest - closest)
+        return jnp.where(diff == 0, 0.0, 1.0 + (diff - closest) * scale)
+
+    def __repr__(self) -> str:
+        return (
+            f"NumberTokens(vocab_size={self.vocab_size}, num_numbers={self.num_numbers}, "
+            f"dot_id={self.dot_id})"
+        )
+
+
+def check_squash_factor(squash_factor: Any) -> None:
+    """Raises unless `squash_factor` is None or a number greater than 1."""
+    if squash_factor is None:
+        return
+    if isinstance(squash_factor, bool) or not isinstance(squash_factor, (int, float)):
+        raise TypeError(f"expected squash_factor to be None or a number > 1, got {squash_factor!r}")
+    if not squash_factor > 1:
+        raise ValueError(f"expected squash_factor > 1 (1 would recover cross-entropy), got {squash_factor}")

@@ -1,0 +1,26 @@
+"""Runs the docstring examples of the core modules and the README's quickstart."""
+
+import doctest
+import pathlib
+
+import pytest
+
+import ntl_jax.losses
+import ntl_jax.numbers
+import ntl_jax.objective
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.mark.parametrize("module", [ntl_jax.numbers, ntl_jax.losses, ntl_jax.objective], ids=lambda m: m.__name__)
+def test_docstring_examples(module):
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0
+    assert result.failed == 0
+
+
+def test_readme_quickstart():
+    pytest.importorskip("optax")
+    result = doctest.testfile(str(README), module_relative=False, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 5
+    assert result.failed == 0
