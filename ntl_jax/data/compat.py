@@ -1,0 +1,117 @@
+"""Makes DeepMind's `mathematics-dataset` 1.0.1 work with current sympy and numpy.
+
+Everything is patched in memory, before the generator runs; nothing in site-packages
+is edited. The fixes:
+
+* sympy >= 1.7 moved `base_solution_linear` to `sympy.solvers.diophantine.diophantine`.
+* numpy >= 1.24 removed `np.object`; numpy 2 removed `ndarray.itemset`, which the
+  polynomial sampler calls on the arrays it creates.
+* Determinism: the generator picks variable letters with `random.choice(list(a_set))`
+  and orders sub-expressions by iterating a set of `Entity` objects (hashed by memory
+  address), so the same seed gave different questions in different processes. Letter
+  sets now iterate in sorted order and entities hash by their creation number within
+  an example (`reset_entity_counter`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import itertools
+
+import numpy as np
+
+_APPLIED = False
+_ENTITY_COUNTER = itertools.count()
+
+
+class _ItemsetArray(np.ndarray):
+    """ndarray with numpy 1.x's `itemset(index..., value)`."""
+
+    def itemset(self, *args):
+        *index, value = args
+        index = index[0] if len(index) == 1 else tuple(index)
+        if isinstance(index, (int, np.integer)):
+            self.flat[index] = value  # a single integer is a flat index
+        else:
+            self[tuple(index)] = value
+
+
+class _NumpyWithItemset:
+    """Stands in for `numpy` inside the polynomial sampler: arrays it creates with
+    `zeros`/`empty` support `itemset`; every other name is numpy's own."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def zeros(*args, **kwargs):
+        return np.zeros(*args, **kwargs).view(_ItemsetArray)
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        return np.empty(*args, **kwargs).view(_ItemsetArray)
+
+
+class _SortedSymbols(frozenset):
+    """A frozenset of letters that iterates in sorted order, also after `difference`."""
+
+    def difference(self, *others):
+        return _SortedSymbols(frozenset.difference(self, *others))
+
+    def __iter__(self):
+        return iter(sorted(frozenset.__iter__(self)))
+
+
+def reset_entity_counter() -> None:
+    """Restarts entity numbering; called before each generated example."""
+    global _ENTITY_COUNTER
+    _ENTITY_COUNTER = itertools.count()
+
+
+def apply() -> None:
+    """Applies the shims once; safe to call repeatedly."""
+    global _APPLIED
+    if _APPLIED:
+        return
+    # `import sympy.solvers.diophantine as d` would give the *function* re-exported by
+    # sympy.solvers, not the package, hence importlib.
+    package = importlib.import_module("sympy.solvers.diophantine")
+    if not hasattr(package, "base_solution_linear"):
+        inner = importlib.import_module("sympy.solvers.diophantine.diophantine")
+        package.base_solution_linear = inner.base_solution_linear
+    if "object" not in np.__dict__:
+        np.object = object
+
+    polynomials = importlib.import_module("mathematics_dataset.sample.polynomials")
+    if not hasattr(np.ndarray, "itemset"):
+        polynomials.np = _NumpyWithItemset()
+
+    composition = importlib.import_module("mathematics_dataset.util.composition")
+    composition._ALLOWED_SYMBOLS = _SortedSymbols(composition._ALLOWED_SYMBOLS)
+    entity = composition.Entity
+    original_init = entity.__init__
+
+    @functools.wraps(original_init)
+    def init(self, *args, **kwargs):
+        self._ntl_serial = next(_ENTITY_COUNTER)
+        original_init(self, *args, **kwargs)
+
+    entity.__init__ = init
+    # Equality stays identity; only the iteration order of entity sets changes.
+    entity.__hash__ = lambda self: self._ntl_serial
+    _APPLIED = True
+
+
+def import_generator():
+    """Returns `(generate, modules)` from `mathematics_dataset`, shims applied."""
+    try:
+        apply()
+        from mathematics_dataset import generate
+        from mathematics_dataset.modules import modules
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the offline generator needs the `mathematics-dataset` package: "
+            "pip install 'ntl-jax[seqio]'"
+        ) from e
+    return generate, modules
