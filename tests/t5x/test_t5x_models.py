@@ -1,0 +1,285 @@
+"""NTL model subclasses against the stock T5X models (skipped without t5x)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("t5x.models", reason="t5x is not installed (it is not on PyPI; see the README)")
+
+import seqio  # noqa: E402
+from t5x import adafactor  # noqa: E402
+from t5x import losses as t5x_losses  # noqa: E402
+from t5x import models as t5x_models  # noqa: E402
+from t5x.examples.decoder_only import network as decoder_only_network  # noqa: E402
+from t5x.examples.t5 import network as t5_network  # noqa: E402
+
+import ntl_jax  # noqa: E402
+from ntl_jax.t5x import models as ntl_models  # noqa: E402
+
+VOCAB = seqio.ByteVocabulary()  # 259 ids, digits '0'..'9' are 51..60
+MODEL_VOCAB_SIZE = 384  # the network rounds up, as T5X configs do
+DIGIT_IDS = np.arange(51, 61)
+FACTORS = [None, 233472.0, "NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE"]
+
+
+def _encdec_module():
+    config = t5_network.T5Config(
+        vocab_size=MODEL_VOCAB_SIZE, dtype="float32", emb_dim=16, num_heads=2, num_encoder_layers=1,
+        num_decoder_layers=1, head_dim=8, mlp_dim=32, mlp_activations=("gelu", "linear"),
+        dropout_rate=0.0, logits_via_embedding=False,
+    )
+    return t5_network.Transformer(config)
+
+
+def _decoder_module():
+    config = decoder_only_network.TransformerConfig(
+        vocab_size=MODEL_VOCAB_SIZE, dtype="float32", emb_dim=16, num_heads=2, num_layers=1, head_dim=8,
+        mlp_dim=32, mlp_activations=("gelu", "linear"), dropout_rate=0.0, logits_via_embedding=True,
+    )
+    return decoder_only_network.DecoderWrapper(config)
+
+
+def _encdec(cls, **kwargs):
+    return cls(
+        module=_encdec_module(), input_vocabulary=VOCAB, output_vocabulary=VOCAB,
+        optimizer_def=adafactor.Adafactor(decay_rate=0.8), **kwargs,
+    )
+
+
+def _decoder_only(cls, **kwargs):
+    return cls(module=_decoder_module(), vocabulary=VOCAB, optimizer_def=adafactor.Adafactor(decay_rate=0.8), **kwargs)
+
+
+def _targets_row(rng, lengths, total):
+    """One row of packed sequences: mostly digits, some letters, EOS (1) at each end."""
+    tokens, segments, positions = [], [], []
+    for seg, n in enumerate(lengths, start=1):
+        body = np.where(rng.random(n - 1) < 0.7, rng.choice(DIGIT_IDS, n - 1), rng.integers(100, 120, n - 1))
+        tokens += list(body) + [1]
+        segments += [seg] * n
+        positions += list(range(n))
+    pad = total - len(tokens)
+    return (np.array(tokens + [0] * pad), np.array(segments + [0] * pad), np.array(positions + [0] * pad))
+
+
+def _batch(packed, seed=0, with_weights=True):
+    """A [3, 10] encoder-decoder batch; packed rows hold two or three sequences."""
+    rng = np.random.default_rng(seed)
+    layouts = [[4, 3], [5, 2, 3], [10]] if packed else [[6], [9], [3]]
+    rows = [_targets_row(rng, lengths, 10) for lengths in layouts]
+    targets = np.stack([r[0] for r in rows]).astype(np.int32)
+    segment_ids = np.stack([r[1] for r in rows]).astype(np.int32)
+    positions = np.stack([r[2] for r in rows]).astype(np.int32)
+    # decoder inputs: targets shifted right within each segment, 0 (BOS) at each start.
+    inputs = np.where(positions == 0, 0, np.roll(targets, 1, axis=1)) * (segment_ids > 0)
+    batch = {
+        "encoder_input_tokens": rng.integers(3, 259, size=(3, 7)).astype(np.int32),
+        "decoder_target_tokens": targets,
+        "decoder_input_tokens": inputs.astype(np.int32),
+    }
+    if with_weights:
+        weights = (targets > 0).astype(np.int32)
+        weights[0, 1] = 0  # one real token excluded from the loss by its weight
+        batch["decoder_loss_weights"] = weights
+    if packed:
+        batch["encoder_segment_ids"] = np.ones((3, 7), np.int32)
+        batch["encoder_positions"] = np.tile(np.arange(7, dtype=np.int32), (3, 1))
+        batch["decoder_segment_ids"] = segment_ids
+        batch["decoder_positions"] = positions
+    return {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def _decoder_batch(batch):
+    return {k: v for k, v in batch.items() if k.startswith("decoder_")}
+
+
+@pytest.fixture(scope="module")
+def encdec_params():
+    model = _encdec(t5x_models.EncoderDecoderModel)
+    shapes = {"encoder_input_tokens": (3, 7), "decoder_input_tokens": (3, 10)}
+    types = {k: jnp.int32 for k in shapes}
+    return model.get_initial_variables(jax.random.PRNGKey(0), shapes, types)["params"]
+
+
+@pytest.fixture(scope="module")
+def decoder_params():
+    model = _decoder_only(t5x_models.DecoderOnlyModel)
+    shapes = {"decoder_input_tokens": (3, 10)}
+    return model.get_initial_variables(jax.random.PRNGKey(1), shapes, {"decoder_input_tokens": jnp.int32})["params"]
+
+
+def _assert_metrics_equal(stock, ours):
+    """Every stock metric is present in ours with the same state (all its fields)."""
+    missing = sorted(set(stock) - set(ours))
+    assert not missing, f"metrics missing from the NTL model: {missing}"
+    for name in stock:
+        assert type(stock[name]) is type(ours[name]), name
+        a, b = jax.tree_util.tree_leaves(stock[name]), jax.tree_util.tree_leaves(ours[name])
+        assert len(a) == len(b), name
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=2e-5, atol=1e-6,
+                                       err_msg=name)
+
+
+def _t5x_reference_ntl(model, logits, batch, factor_option, kind="was"):
+    """NTL through an independent path: T5X's own factor and weights, then the per-token loss."""
+    factor, weights = t5x_losses.get_loss_normalizing_factor_and_weights(factor_option, batch)
+    nt = ntl_models.padded_number_tokens(model.number_tokens, logits.shape[-1])
+    targets = batch["decoder_target_tokens"]
+    if kind == "was":
+        total = ntl_jax.ntl_was(logits, targets, nt, weights=weights, reduction="sum")
+        mean = ntl_jax.ntl_was(logits, targets, nt, weights=weights, reduction="mean")
+    else:
+        total = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, loss=kind, reduction="sum")
+        mean = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, loss=kind, reduction="mean")
+    return (total if factor is None else total / factor), mean
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("factor", FACTORS, ids=str)
+def test_zero_weight_matches_stock_encoder_decoder(encdec_params, factor, packed):
+    batch = _batch(packed)
+    options = dict(z_loss=1e-4, label_smoothing=0.1, loss_normalizing_factor=factor)
+    stock = _encdec(t5x_models.EncoderDecoderModel, **options)
+    ours = _encdec(ntl_models.NTLEncoderDecoderModel, ntl_weight=0.0, **options)
+    stock_loss, stock_metrics = jax.jit(stock.loss_fn)(encdec_params, batch, None)
+    our_loss, our_metrics = jax.jit(ours.loss_fn)(encdec_params, batch, None)
+    np.testing.assert_allclose(float(our_loss), float(stock_loss), rtol=2e-6)
+    _assert_metrics_equal(stock_metrics, our_metrics)
+
+
+def test_zero_weight_matches_stock_without_loss_weights(encdec_params):
+    batch = _batch(packed=False, with_weights=False)
+    stock_loss, stock_metrics = _encdec(t5x_models.EncoderDecoderModel, z_loss=1e-4).loss_fn(encdec_params, batch, None)
+    ours = _encdec(ntl_models.NTLEncoderDecoderModel, ntl_weight=0.0, z_loss=1e-4)
+    our_loss, our_metrics = ours.loss_fn(encdec_params, batch, None)
+    np.testing.assert_allclose(float(our_loss), float(stock_loss), rtol=2e-6)
+    _assert_metrics_equal(stock_metrics, our_metrics)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("factor", FACTORS, ids=str)
+def test_zero_weight_matches_stock_decoder_only(decoder_params, factor, packed):
+    batch = _decoder_batch(_batch(packed, seed=3))
+    options = dict(z_loss=1e-4, loss_normalizing_factor=factor)
+    stock_loss, stock_metrics = _decoder_only(t5x_models.DecoderOnlyModel, **options).loss_fn(decoder_params, batch, None)
+    ours = _decoder_only(ntl_models.NTLDecoderOnlyModel, ntl_weight=0.0, **options)
+    our_loss, our_metrics = ours.loss_fn(decoder_params, batch, None)
+    np.testing.assert_allclose(float(our_loss), float(stock_loss), rtol=2e-6)
+    _assert_metrics_equal(stock_metrics, our_metrics)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("factor", FACTORS, ids=str)
+@pytest.mark.parametrize("kind", ["was", "mse"])
+def test_ntl_term_equals_reference(encdec_params, factor, packed, kind):
+    batch = _batch(packed, seed=1)
+    options = dict(z_loss=1e-4, loss_normalizing_factor=factor)
+    stock = _encdec(t5x_models.EncoderDecoderModel, **options)
+    ours = _encdec(ntl_models.NTLEncoderDecoderModel, ntl_weight=0.3, ntl_kind=kind, **options)
+    stock_loss, stock_metrics = stock.loss_fn(encdec_params, batch, None)
+    our_loss, metrics = ours.loss_fn(encdec_params, batch, None)
+    logits = ours._compute_logits(encdec_params, batch)
+    ntl, ntl_mean = _t5x_reference_ntl(ours, logits, batch, factor, kind)
+    assert float(ntl) > 0
+    np.testing.assert_allclose(float(our_loss), float(stock_loss) + 0.3 * float(ntl), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["ntl_loss"].compute()), float(ntl), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["ntl_loss_per_number_token"].compute()), float(ntl_mean), rtol=1e-5)
+    # cross_ent_loss stays the stock cross-entropy (without z-loss), not CE + NTL.
+    stock_ce = float(stock_metrics["cross_ent_loss"].compute())
+    np.testing.assert_allclose(float(metrics["cross_ent_loss"].compute()), stock_ce, rtol=1e-5)
+
+
+def test_ntl_term_decoder_only(decoder_params):
+    batch = _decoder_batch(_batch(packed=True, seed=4))
+    options = dict(loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    stock_loss, _ = _decoder_only(t5x_models.DecoderOnlyModel, **options).loss_fn(decoder_params, batch, None)
+    ours = _decoder_only(ntl_models.NTLDecoderOnlyModel, ntl_weight=0.5, **options)
+    our_loss, metrics = ours.loss_fn(decoder_params, batch, None)
+    ntl, _ = _t5x_reference_ntl(ours, ours._compute_logits(decoder_params, batch), batch, options["loss_normalizing_factor"])
+    assert float(ntl) > 0
+    np.testing.assert_allclose(float(our_loss), float(stock_loss) + 0.5 * float(ntl), rtol=1e-5)
+
+
+def test_number_quality_metrics_against_numpy(encdec_params):
+    batch = _batch(packed=False, seed=2)
+    model = _encdec(ntl_models.NTLEncoderDecoderModel)
+    _, metrics = model.loss_fn(encdec_params, batch, None)
+    logits = np.asarray(model._compute_logits(encdec_params, batch), np.float64)
+    targets = np.asarray(batch["decoder_target_tokens"])
+    weights = np.asarray(batch["decoder_loss_weights"])
+    digit_logits = logits[..., DIGIT_IDS]
+    p = np.exp(digit_logits - digit_logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    expected = p @ np.arange(10.0)
+    full = np.exp(logits - logits.max(-1, keepdims=True))
+    mass = full[..., DIGIT_IDS].sum(-1) / full.sum(-1)
+    counted = (targets >= 51) & (targets <= 60) & (weights > 0)
+    abs_error = np.abs(expected - (targets - 51))[counted].mean()
+    assert counted.sum() > 5
+    np.testing.assert_allclose(float(metrics["number_abs_error"].compute()), abs_error, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["number_token_mass"].compute()), mass[counted].mean(), rtol=1e-5)
+
+
+def test_gradients_flow_through_ntl(encdec_params):
+    batch = _batch(packed=True, seed=5)
+    options = dict(loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    stock = _encdec(t5x_models.EncoderDecoderModel, **options)
+    ours = _encdec(ntl_models.NTLEncoderDecoderModel, ntl_weight=0.3, **options)
+    zero = _encdec(ntl_models.NTLEncoderDecoderModel, ntl_weight=0.0, **options)
+    grad = lambda m: jax.grad(lambda p: m.loss_fn(p, batch, None)[0])(encdec_params)  # noqa: E731
+    g_stock, g_ours, g_zero = grad(stock), grad(ours), grad(zero)
+    leaves = jax.tree_util.tree_leaves
+    assert all(np.isfinite(np.asarray(x)).all() for x in leaves(g_ours))
+    # With weight 0 the gradient is the stock one; with 0.3 NTL changes it.
+    for a, b in zip(leaves(g_stock), leaves(g_zero)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
+    diff = sum(float(jnp.sum(jnp.abs(a - b))) for a, b in zip(leaves(g_stock), leaves(g_ours)))
+    assert diff > 1e-3
+    # The logits of digit tokens are where NTL pushes: the output head's digit columns move.
+    head = lambda g: np.asarray(g["decoder"]["logits_dense"]["kernel"])  # noqa: E731
+    delta = np.abs(head(g_ours) - head(g_stock))
+    assert delta[:, DIGIT_IDS].sum() > 0
+
+
+def test_score_batch_is_cross_entropy_only(encdec_params):
+    batch = _batch(packed=False, seed=6)
+    stock = _encdec(t5x_models.EncoderDecoderModel)
+    ours = _encdec(ntl_models.NTLEncoderDecoderModel, ntl_weight=1.0)
+    np.testing.assert_allclose(
+        np.asarray(ours.score_batch(encdec_params, batch)), np.asarray(stock.score_batch(encdec_params, batch)),
+        rtol=1e-6,
+    )
+
+
+def test_number_tokens_from_output_vocabulary():
+    model = _encdec(ntl_models.NTLEncoderDecoderModel)
+    assert model.number_tokens.vocab_size == 259
+    np.testing.assert_array_equal(model.number_tokens.ids, DIGIT_IDS)
+    padded = ntl_models.padded_number_tokens(model.number_tokens, MODEL_VOCAB_SIZE)
+    assert padded.vocab_size == MODEL_VOCAB_SIZE
+    assert np.isnan(np.asarray(padded.values)[259:]).all()
+    assert ntl_models.padded_vocab_size(VOCAB) == 384
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(ntl_weight=-0.1), ValueError),
+        (dict(ntl_weight="0.3"), TypeError),
+        (dict(ntl_kind="l2"), ValueError),
+        (dict(reweigh="yes"), TypeError),
+        (dict(squash_factor=1.0), ValueError),
+        (dict(ntl_kind="mse", squash_factor=2.0), ValueError),
+    ],
+)
+def test_bad_options_raise(kwargs, error):
+    with pytest.raises(error):
+        _encdec(ntl_models.NTLEncoderDecoderModel, **kwargs)
+
+
+def test_logits_smaller_than_vocabulary_raise():
+    nt = ntl_jax.NumberTokens.from_vocabulary(VOCAB)
+    with pytest.raises(ValueError, match="at least"):
+        ntl_models.padded_number_tokens(nt, 200)
