@@ -1,0 +1,94 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ntl_jax import NumberTokens
+
+PIECES = ["<pad>", "</s>", "12", "-1", "3.5", "07", "▁4", "nan", "inf", "4", ".", "x", "1e3", " 5"]
+
+
+def test_digit_level_keeps_single_ascii_digits_only():
+    nt = NumberTokens.from_pieces(PIECES + ["٣", "¹"])
+    assert nt.ids.tolist() == [9]
+    assert nt.number_values.tolist() == [4.0]
+    assert nt.dot_id == 10
+    assert nt.vocab_size == len(PIECES) + 2
+    assert np.isnan(nt.values[[0, 2, 3, 6, 7]]).all() and nt.values[9] == 4.0
+
+
+def test_non_digit_level_takes_every_finite_float():
+    nt = NumberTokens.from_pieces(PIECES, digit_level=False)
+    # "▁4" does not parse, nan/inf are not finite; " 5" parses (Python float strips spaces, as ntloss).
+    assert dict(zip(nt.ids.tolist(), nt.number_values.tolist())) == {
+        2: 12.0, 3: -1.0, 4: 3.5, 5: 7.0, 9: 4.0, 12: 1000.0, 13: 5.0}
+
+
+def test_distance_table_plain_and_squashed():
+    nt = NumberTokens.from_pieces(["a"] + list("0123"))
+    np.testing.assert_allclose(nt.distance_table(), np.abs(np.arange(4)[:, None] - np.arange(4)[None]))
+    # squash 5: closest wrong (1) costs 1, farthest (3) costs 5, linear between, diagonal 0.
+    np.testing.assert_allclose(
+        nt.distance_table(squash_factor=5.0),
+        [[0, 1, 3, 5], [1, 0, 1, 3], [3, 1, 0, 1], [5, 3, 1, 0]])
+
+
+@pytest.mark.parametrize("bad,error", [(1.0, ValueError), (0.5, ValueError), ("2", TypeError), (True, TypeError)])
+def test_bad_squash_factor(bad, error):
+    nt = NumberTokens.from_pieces(["a", "0", "1"])
+    with pytest.raises(error, match="squash_factor"):
+        nt.distance_table(squash_factor=bad)
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match="at least one number token.*got none among 3"):
+        NumberTokens.from_pieces(["a", "b", "12"])
+    with pytest.raises(ValueError, match="non-number token.*all numbers"):
+        NumberTokens.from_pieces(list("0123"))
+    with pytest.raises(TypeError, match="strings.*int at id 1"):
+        NumberTokens.from_pieces(["a", 3])
+    with pytest.raises(TypeError, match="expected a vocabulary"):
+        NumberTokens.from_vocabulary(type("V", (), {"vocab_size": 3})())
+
+
+def test_from_vocabulary_duck_types():
+    class Pieces:
+        vocab_size = 4
+
+        def id_to_piece(self, i):
+            return ["a", "1", "▁2", "2"][i]
+
+    class Decoding:
+        vocab_size = 5
+
+        def decode(self, ids):
+            return ["", "", "7", "x", "."][ids[0]]
+
+    class Processor:
+        def get_piece_size(self):
+            return 3
+
+        def id_to_piece(self, i):
+            return ["<pad>", "5", "6"][i]
+
+    class SentencePieceLike:
+        vocab_size = 5  # two extra ids beyond the processor's pieces
+        tokenizer = Processor()
+
+    assert NumberTokens.from_vocabulary(Pieces()).ids.tolist() == [1, 3]
+    decoded = NumberTokens.from_vocabulary(Decoding())
+    assert decoded.ids.tolist() == [2] and decoded.dot_id == 4
+    assert NumberTokens.from_vocabulary(SentencePieceLike()).ids.tolist() == [1, 2]
+
+
+def test_is_a_pytree_usable_inside_jit():
+    nt = NumberTokens.from_pieces(["a"] + list("0123"))
+
+    @jax.jit
+    def largest_distance(table):
+        return jnp.max(table.distance_table(squash_factor=4.0))
+
+    assert float(largest_distance(nt)) == 4.0
+    leaves, treedef = jax.tree_util.tree_flatten(nt)
+    rebuilt = jax.tree_util.tree_unflatten(treedef, leaves)
+    assert rebuilt.dot_id == nt.dot_id and rebuilt.ids.tolist() == [1, 2, 3, 4]
