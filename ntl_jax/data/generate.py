@@ -7,14 +7,10 @@ hash of that key before each example, under a lock, and restored afterwards. So 
 stream is the same whatever the interleaving with other streams, the number of worker
 processes or the order in which chunks finish.
 
-Split -> where its examples come from (on-the-fly tasks and `write_release` agree):
-
-* `train`: train-easy, train-medium and train-hard in turn (example `j` is example
-  `j // 3` of regime `j % 3`), namespace "train"; the files under train-*/ hold the same
-  pairs.
-* `validation`: the same three regimes under the held-out namespace "validation".
-* `test_interpolate`: interpolate/<module>; `test_extrapolate`: extrapolate/<module's
-  extrapolation>.
+Each release file is one stream (`write_release` writes exactly these pairs). The
+splits (`split_parts`): `validation` is the first 333 pairs of each train difficulty,
+`train` the rest, easy/medium/hard taken in turn; `test_interpolate` is
+interpolate/<module>; `test_extrapolate` is extrapolate/<module's extrapolation>.
 """
 
 from __future__ import annotations
@@ -115,22 +111,37 @@ def _python_rngs() -> tuple[random.Random, ...]:
     return tuple(r for r in rngs if r is not None)
 
 
-def split_sources(module: str, split: str) -> list[tuple[str, str, str]]:
-    """`[(regime, module in that regime, namespace), ...]` that make up `split`.
+Part = tuple  # (regime, module, namespace, start, count); count None = unbounded
 
-    `module` is a training module, or for `test_extrapolate` also an extrapolation
-    module name. Train regimes (`train-easy`, ...) and `interpolate`/`extrapolate` are
-    accepted as splits too (one file of the release each).
+
+def split_parts(module: str, split: str, *,
+                train_per_difficulty: int = catalogue.RELEASE_TRAIN_PER_DIFFICULTY,
+                validation_per_difficulty: int = catalogue.VALIDATION_PER_DIFFICULTY,
+                test_size: int | None = catalogue.RELEASE_TEST_PER_MODULE) -> list[Part]:
+    """The streams that make up `split` of `module`, as `(regime, module, namespace,
+    start, count)` parts that `interleave` takes in turn.
+
+    The train file of each difficulty is one stream: `validation` is its first
+    `validation_per_difficulty` pairs and `train` the rest (so the files written by
+    `write_release` and on-the-fly generation give the same splits). Train regimes
+    (`train-easy`, ...) and `interpolate`/`extrapolate` are accepted as splits too:
+    one whole release file each. For `test_extrapolate`, `module` may be a training
+    module with an extrapolation set or an extrapolation module.
     """
-    if split in ("train", "validation"):
+    k = validation_per_difficulty
+    if split == "train":
         catalogue.check_module(module)
-        return [(r, module, split) for r in catalogue.TRAIN_REGIMES]
+        rest = None if train_per_difficulty is None else max(0, train_per_difficulty - k)
+        return [(r, module, "train", k, rest) for r in catalogue.TRAIN_REGIMES]
+    if split == "validation":
+        catalogue.check_module(module)
+        return [(r, module, "train", 0, k) for r in catalogue.TRAIN_REGIMES]
     if split in catalogue.TRAIN_REGIMES:
         catalogue.check_module(module)
-        return [(split, module, "train")]
+        return [(split, module, "train", 0, train_per_difficulty)]
     if split in ("test_interpolate", "interpolate"):
         catalogue.check_module(module)
-        return [("interpolate", module, "interpolate")]
+        return [("interpolate", module, "interpolate", 0, test_size)]
     if split in ("test_extrapolate", "extrapolate"):
         target = module if module in catalogue.EXTRAPOLATION_OF else catalogue.EXTRAPOLATION_FOR.get(module)
         if target is None:
@@ -139,33 +150,39 @@ def split_sources(module: str, split: str) -> list[tuple[str, str, str]]:
                 f"{sorted(catalogue.EXTRAPOLATION_FOR)}) or an extrapolation module, "
                 f"got {module!r}"
             )
-        return [("extrapolate", target, "extrapolate")]
+        return [("extrapolate", target, "extrapolate", 0, test_size)]
     raise ValueError(
         f"expected a split in {catalogue.SPLITS + catalogue.REGIMES}, got {split!r}"
     )
 
 
+def interleave(parts: list[Part], *, seed: int = 0) -> Iterator[tuple[str, str]]:
+    """Yields pairs from `parts` in turn (one from each, round robin) until all are
+    exhausted; deterministic per `seed`."""
+    cursors = [[regime, module, namespace, start, count, 0]
+               for regime, module, namespace, start, count in parts]
+    while cursors:
+        for cur in list(cursors):
+            regime, module, namespace, start, count, done = cur
+            if count is not None and done >= count:
+                cursors.remove(cur)
+                continue
+            cur[5] += 1
+            yield sample(module, regime, start + done, seed=seed, namespace=namespace)
+
+
 def iterate(module: str, split: str, *, seed: int = 0, n: int | None = None,
-            start: int = 0) -> Iterator[tuple[str, str]]:
-    """Yields `(question, answer)` pairs of `split`, deterministic per `seed`.
-
-    Args:
-      module: mathematics module, e.g. "arithmetic__add_sub_multiple".
-      split: see `split_sources`.
-      seed: generation seed; the same seed and split give the same stream.
-      n: number of pairs (None: unbounded).
-      start: index of the first pair, to resume or shard a stream.
-    """
-    sources = split_sources(module, split)
-    k = len(sources)
-    j = start
-    while n is None or j < start + n:
-        regime, mod, namespace = sources[j % k]
-        yield sample(mod, regime, j // k, seed=seed, namespace=namespace)
-        j += 1
+            **sizes) -> Iterator[tuple[str, str]]:
+    """Yields `(question, answer)` pairs of `split` (see `split_parts`), at most `n`."""
+    stream = interleave(split_parts(module, split, **sizes), seed=seed)
+    for j, pair in enumerate(stream):
+        if n is not None and j >= n:
+            return
+        yield pair
 
 
-def examples(module: str, split: str = "train", n: int = 8, seed: int = 0) -> list[tuple[str, str]]:
+def examples(module: str, split: str = "train", n: int = 8, seed: int = 0,
+             **sizes) -> list[tuple[str, str]]:
     """The first `n` `(question, answer)` pairs of a split, e.g. for a quick demo.
 
     >>> examples("arithmetic__add_or_sub", "train", 1) == examples("arithmetic__add_or_sub", "train", 1)
@@ -173,7 +190,7 @@ def examples(module: str, split: str = "train", n: int = 8, seed: int = 0) -> li
     """
     if n < 0:
         raise ValueError(f"expected n >= 0, got {n}")
-    return list(iterate(module, split, seed=seed, n=n))
+    return list(iterate(module, split, seed=seed, n=n, **sizes))
 
 
 def _chunk_text(job: tuple[str, str, int, int, int]) -> tuple[int, str]:
