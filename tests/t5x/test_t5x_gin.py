@@ -1,0 +1,188 @@
+"""Every shipped gin file parses, finalizes and builds %MODEL (skipped without t5x)."""
+
+import importlib
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+pytest.importorskip("t5x.models", reason="t5x is not installed (it is not on PyPI; see the README)")
+
+import gin  # noqa: E402
+import numpy as np  # noqa: E402
+import seqio  # noqa: E402
+import t5x  # noqa: E402
+
+from ntl_jax.t5x import configs  # noqa: E402
+from ntl_jax.t5x import models as ntl_models  # noqa: E402
+from ntl_jax.t5x import train as ntl_train  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CONFIGS = configs.configs_dir()
+T5X_SEARCH_PATH = str(pathlib.Path(t5x.__file__).resolve().parents[1])  # as t5x.train adds it
+ALL_FILES = [p.relative_to(CONFIGS).as_posix() for p in configs.gin_files()]
+EXPERIMENTS = [f for f in ALL_FILES if f.startswith("experiments/")]
+MODEL_FILES = [f for f in ALL_FILES if re.fullmatch(r"models/(t5_1_1_\w+|decoder_only_\w+)_ntl\.gin", f)]
+OVERLAYS = sorted(set(ALL_FILES) - set(EXPERIMENTS) - set(MODEL_FILES))
+SIZES = {"tiny", "small", "base", "large", "xl"}
+
+
+def _has_tasks():
+    try:
+        importlib.import_module("ntl_jax.tasks")
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def local_sentencepiece(tmp_path_factory):
+    """A tiny local SentencePiece model standing in for T5's gs:// one (unreachable here)."""
+    spm = pytest.importorskip("sentencepiece")
+    prefix = tmp_path_factory.mktemp("spm") / "tiny"
+    lines = [f"What is {a} + {b}? {a + b}. Solve {a}*x = {b} for x." for a in range(60) for b in range(0, 60, 7)]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=str(prefix), vocab_size=64, model_type="unigram",
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, split_digits=True, hard_vocab_limit=False,
+    )
+    return f"{prefix}.model"
+
+
+@pytest.fixture
+def gin_env(monkeypatch):
+    """Fresh gin state with the launcher's search paths and t5x.train as `__main__`."""
+    gin.clear_config(clear_constants=True)
+    monkeypatch.setattr(gin.config, "_LOCATION_PREFIXES", [""])  # no search paths from earlier tests
+    monkeypatch.setitem(sys.modules, "__main__", importlib.import_module("t5x.train"))
+    for path in (configs.gin_search_path(), T5X_SEARCH_PATH):
+        gin.add_config_file_search_path(path)
+    yield
+    gin.clear_config(clear_constants=True)
+
+
+def _parse_and_build(files, bindings=()):
+    gin.parse_config_files_and_bindings(
+        [f"t5x_configs/{f}" for f in files], list(bindings), finalize_config=True
+    )
+    assert gin.config_is_locked()
+    return _macro("MODEL")
+
+
+def _macro(name):
+    value = gin.query_parameter(f"{name}/macro.value")
+    # A reference (e.g. @task_variants.with_vocabulary()) is evaluated as T5X would.
+    return value.scoped_configurable_fn() if hasattr(value, "scoped_configurable_fn") else value
+
+
+def _offline_bindings(sp_model, dropout=True):
+    """Point the stock gs:// SentencePiece file at a local one; a run file sets DROPOUT_RATE."""
+    bindings = [f"seqio.SentencePieceVocabulary.sentencepiece_model_file = '{sp_model}'", "MODEL_DIR = '/tmp/unused'"]
+    return bindings + (["DROPOUT_RATE = 0.0"] if dropout else [])
+
+
+def test_the_shipped_set_is_complete():
+    expected = {f"models/t5_1_1_{s}_ntl.gin" for s in SIZES} | {"models/t5_1_1_tiny_byte_ntl.gin"}
+    assert expected <= set(MODEL_FILES)
+    for mode, sizes in (("scratch", ("small", "base")), ("finetune", ("small", "base", "large", "xl"))):
+        for size in sizes:
+            for task in ("arithmetic", "math13"):
+                for loss in ("ce", "ntl_mse", "ntl_was"):
+                    assert f"experiments/{mode}/{size}_{task}_{loss}.gin" in EXPERIMENTS
+    for loss in ("ce", "ntl_mse", "ntl_was"):
+        assert f"experiments/scratch/tiny_byte_arithmetic_{loss}.gin" in EXPERIMENTS
+
+
+@pytest.mark.parametrize("name", MODEL_FILES)
+def test_model_file_builds_ntl_model(gin_env, local_sentencepiece, name):
+    text = (CONFIGS / name).read_text()
+    assert text.startswith("# Provides MODEL\n"), "model files are headed '# Provides MODEL' (T5X style)"
+    model = _parse_and_build([name], _offline_bindings(local_sentencepiece))
+    assert isinstance(model, (ntl_models.NTLEncoderDecoderModel, ntl_models.NTLDecoderOnlyModel))
+    assert model.ntl_options == {"ntl_weight": 0.3, "ntl_kind": "was", "reweigh": False, "squash_factor": None}
+    assert model.number_tokens.num_numbers == 10
+    if "byte" in name:
+        assert isinstance(model.output_vocabulary, seqio.ByteVocabulary)
+        assert model.module.config.vocab_size == 384
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_overlay_file_parses_after_a_model(gin_env, local_sentencepiece, name):
+    if "ntl_jax.tasks" in (CONFIGS / name).read_text() and not _has_tasks():
+        pytest.skip("ntl_jax.tasks is not available")
+    base = "models/t5_1_1_tiny_ntl.gin" if name == "models/digit_vocab.gin" else "models/t5_1_1_tiny_byte_ntl.gin"
+    if name == "models/digit_vocab.gin":
+        pytest.importorskip("ntl_jax.vocab")
+    bindings = _offline_bindings(local_sentencepiece) + ["MIXTURE_OR_TASK_NAME = 'any'", "TRAIN_STEPS = 1"]
+    if "finetune" in name:
+        bindings.append("INITIAL_CHECKPOINT_PATH = '/tmp/unused'")
+    model = _parse_and_build([base, name], bindings)
+    assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_file_builds_its_model(gin_env, local_sentencepiece, name):
+    if not _has_tasks():
+        pytest.skip("ntl_jax.tasks is not available")
+    mode, stem = name.split("/")[1], pathlib.Path(name).stem
+    model = _parse_and_build([name], _offline_bindings(local_sentencepiece, dropout=False))
+    assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
+    loss = "ce" if stem.endswith("_ce") else stem.rsplit("_", 2)[-2] + "_" + stem.rsplit("_", 1)[-1]
+    expected = {"ce": (0.0, "was"), "ntl_mse": (0.3, "mse"), "ntl_was": (0.3, "was")}[loss]
+    assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == expected
+    # The task exists and uses the model's vocabulary (what t5x.train checks first).
+    task = seqio.get_mixture_or_task(_macro("MIXTURE_OR_TASK_NAME"))
+    assert task.output_features["targets"].vocabulary == model.output_vocabulary
+    size = stem.split("_")[0]
+    assert size in SIZES
+    if mode == "finetune":
+        path = _macro("INITIAL_CHECKPOINT_PATH")
+        assert path == f"gs://t5-data/pretrained_models/t5x/t5_1_1_{size}/checkpoint_1000000"
+        assert _macro("TRAIN_STEPS") > 1_000_000  # absolute: includes pretraining
+    else:
+        assert gin.query_parameter("utils.RestoreCheckpointConfig.path") == []
+
+
+def test_gin_search_path_is_the_checkout():
+    assert configs.gin_search_path() == str(REPO)
+    assert (CONFIGS / "models" / "t5_1_1_base_ntl.gin").is_file()
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["prog", "--gin_file=a.gin"], ["prog", "--gin_search_paths=.,/cfg", "--gin_file=a.gin"]),
+        (["prog", "--gin_search_paths=/x,/y", "--gin_file=a.gin"], ["prog", "--gin_search_paths=/x,/y,/cfg", "--gin_file=a.gin"]),
+        (["prog", "--gin_search_paths", "/x", "--gin_search_paths=/z"], ["prog", "--gin_search_paths=/z,/cfg"]),
+        (["prog", "--gin_search_paths=/cfg"], ["prog", "--gin_search_paths=/cfg"]),
+    ],
+)
+def test_launcher_adds_the_search_path(argv, expected):
+    assert ntl_train.with_search_path(argv, "/cfg") == expected
+
+
+def test_launcher_rejects_a_dangling_flag():
+    with pytest.raises(ValueError, match="expected a value"):
+        ntl_train.with_search_path(["prog", "--gin_search_paths"], "/cfg")
+
+
+def test_wheel_ships_the_gin_files_and_finds_them(tmp_path):
+    """Build the wheel, unpack it, and resolve the configs from the unpacked package."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        check=True, capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("ntl_jax-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        archive.extractall(tmp_path / "site")
+    shipped = {n[len("ntl_jax/"):] for n in names if n.startswith("ntl_jax/t5x_configs/")}
+    assert shipped == {f"t5x_configs/{f}" for f in ALL_FILES}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))
+    code = "from ntl_jax.t5x import configs; print(configs.gin_search_path())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == str(tmp_path / "site" / "ntl_jax")
+    np.testing.assert_equal(len(shipped), len(ALL_FILES))
