@@ -1,0 +1,65 @@
+"""Smoke test of benchmarks/loss_overhead.py: its --quick mode prints a full table.
+
+Times are not checked (no timing asserts); the peak-memory ratio of the reference row is.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("optax")
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "loss_overhead.py"
+VARIANTS = ["ce", "optax_ce"] + [
+    kind + suffix for kind in ("was", "mse", "mae", "huber", "number_level") for suffix in ("", "+rw")
+]
+
+
+def _table_rows(text: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0] not in ("variant",):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def _has_ntloss() -> bool:
+    try:
+        import ntloss, tokenizers, torch, transformers  # noqa: F401, E401
+    except ImportError:
+        return False
+    return True
+
+
+def test_quick_run_prints_a_row_per_variant():
+    # With ntloss installed the torch comparison runs too (tiny shapes, still quick).
+    with_ntloss = _has_ntloss()
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--dtypes", "f32", "--repeats", "2"]
+        + ([] if with_ntloss else ["--no-ntloss"]),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "### logits [2, 8, 64] f32 (2 rounds)" in result.stdout
+    rows = _table_rows(result.stdout)
+    assert list(rows) == VARIANTS
+    assert rows["ce"][0] == "1.000"  # time / CE of CE itself
+    assert rows["ce"][2] == "1.000"  # peak memory / CE of CE itself
+    for name, cells in rows.items():
+        assert len(cells) == (6 if with_ntloss else 4), (name, cells)
+        assert float(cells[0]) > 0 and float(cells[1]) > 0 and float(cells[2]) > 0
+        if with_ntloss and name != "optax_ce":  # optax has no torch counterpart
+            assert float(cells[4]) > 0 and float(cells[5]) > 0, (name, cells)
+
+
+def test_bad_shape_is_rejected():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--shapes", "8x64"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert "expected shapes like 8x64x32128" in result.stderr
