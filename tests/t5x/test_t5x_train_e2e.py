@@ -1,0 +1,92 @@
+"""End to end on CPU: the offline byte-level tiny config trains with t5x.train.
+
+Runs `python -m ntl_jax.t5x.train` (the launcher) on the shipped experiment file plus
+runs/local.gin, with the mathematics generator producing the data on the fly.
+Skipped without t5x.
+"""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("t5x.models", reason="t5x is not installed (it is not on PyPI; see the README)")
+pytest.importorskip("ntl_jax.tasks")
+tf = pytest.importorskip("tensorflow")
+
+TASK = "ntl_math_arithmetic__add_sub_multiple_byte"
+EXPERIMENT = "t5x_configs/experiments/scratch/tiny_byte_arithmetic_ntl_was.gin"
+STEPS, PERIOD = 8, 4
+
+
+def _scalars(folder: pathlib.Path) -> dict:
+    """{tag: {step: value}} from the TensorBoard event files T5X writes."""
+    out: dict = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.HasField("tensor"):
+                    number = tf.make_ndarray(value.tensor)
+                    if number.ndim == 0 and number.dtype.kind == "f":
+                        out.setdefault(value.tag, {})[event.step] = float(number)
+                elif value.HasField("simple_value"):
+                    out.setdefault(value.tag, {})[event.step] = float(value.simple_value)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("t5x_run")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("NTL_JAX_MATH_DIR", None)  # generate the data on the fly
+    command = [
+        sys.executable, "-m", "ntl_jax.t5x.train",
+        f"--gin_file={EXPERIMENT}",
+        "--gin_file=t5x_configs/runs/local.gin",
+        f'--gin.MODEL_DIR="{model_dir}"',
+        f"--gin.TRAIN_STEPS={STEPS}",
+        f"--gin.EVAL_PERIOD={PERIOD}",
+    ]
+    # From another directory, so the gin files are found through the launcher's search path.
+    result = subprocess.run(command, cwd=model_dir, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return model_dir
+
+
+def test_training_writes_checkpoints(run_dir):
+    assert (run_dir / f"checkpoint_{STEPS}").is_dir()
+    assert (run_dir / f"checkpoint_{PERIOD}").is_dir()
+    config = (run_dir / "config.gin").read_text()
+    assert "NTLEncoderDecoderModel" in config
+
+
+def test_loss_is_finite_and_falls_with_ntl_metrics_logged(run_dir):
+    # The same validation batches at every evaluation, so the losses are comparable.
+    scalars = _scalars(run_dir / "training_eval" / TASK)
+    loss = scalars["loss"]
+    assert sorted(loss) == [PERIOD, STEPS]
+    assert all(math.isfinite(v) for v in loss.values())
+    assert loss[STEPS] < loss[PERIOD]
+    for tag in ("ntl_loss", "ntl_loss_per_number_token", "cross_ent_loss", "number_abs_error", "number_token_mass"):
+        assert all(math.isfinite(v) for v in scalars[tag].values()), tag
+    # Loss = CE + z-loss + 0.3 * NTL on every evaluation.
+    for step in loss:
+        total = scalars["cross_ent_loss"][step] + scalars["z_loss"][step] + 0.3 * scalars["ntl_loss"][step]
+        assert math.isclose(loss[step], total, rel_tol=1e-4)
+    train = _scalars(run_dir / "train")
+    assert all(math.isfinite(v) for v in train["loss"].values()) and train["ntl_loss"]
+
+
+def test_inference_eval_metrics_from_the_task(run_dir):
+    lines = (run_dir / "inference_eval" / f"{TASK}-metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [PERIOD, STEPS]
+    for record in records:
+        # The task's number metrics (ntl_jax.metrics) computed on decoded predictions.
+        for key in ("number_accuracy", "mae", "exact_match", "fraction_unparseable"):
+            assert key in record, sorted(record)
+        assert 0.0 <= record["fraction_unparseable"] <= 1.0
