@@ -6,6 +6,8 @@ is edited. The fixes:
 * sympy >= 1.7 moved `base_solution_linear` to `sympy.solvers.diophantine.diophantine`.
 * numpy >= 1.24 removed `np.object`; numpy 2 removed `ndarray.itemset`, which the
   polynomial sampler calls on the arrays it creates.
+* Python >= 3.12 rejects the integral floats that `round_number` passes to
+  `random.randint`.
 * Determinism: the generator picks variable letters with `random.choice(list(a_set))`
   and orders sub-expressions by iterating a set of `Entity` objects (hashed by memory
   address), so the same seed gave different questions in different processes. Letter
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
+import random
 
 import numpy as np
 
@@ -53,6 +56,22 @@ class _NumpyWithItemset:
         return np.empty(*args, **kwargs).view(_ItemsetArray)
 
 
+class _IntegerRandint:
+    """Stands in for `random` inside the numbers module: `randint` accepts integral
+    floats (`round_number` passes e.g. 3.0), deprecated in Python 3.10 and a TypeError
+    from 3.12. Draws from the same global generator, so sequences are unchanged."""
+
+    def __getattr__(self, name):
+        return getattr(random, name)
+
+    @staticmethod
+    def randint(a, b):
+        def integral(x):
+            return int(x) if isinstance(x, float) and x.is_integer() else x
+
+        return random.randint(integral(a), integral(b))
+
+
 class _SortedSymbols(frozenset):
     """A frozenset of letters that iterates in sorted order, also after `difference`."""
 
@@ -86,6 +105,9 @@ def apply() -> None:
     polynomials = importlib.import_module("mathematics_dataset.sample.polynomials")
     if not hasattr(np.ndarray, "itemset"):
         polynomials.np = _NumpyWithItemset()
+
+    numbers = importlib.import_module("mathematics_dataset.modules.numbers")
+    numbers.random = _IntegerRandint()
 
     composition = importlib.import_module("mathematics_dataset.util.composition")
     composition._ALLOWED_SYMBOLS = _SortedSymbols(composition._ALLOWED_SYMBOLS)
