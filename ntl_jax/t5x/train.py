@@ -54,11 +54,19 @@ def with_search_path(argv: Sequence[str], path: str) -> List[str]:
     return rest[:1] + [f"{_FLAG}={','.join(paths)}"] + rest[1:]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Runs `t5x.train` with our gin search path; `argv` defaults to `sys.argv`."""
+def run_t5x_main(module: str, argv: Optional[Sequence[str]] = None) -> None:
+    """Runs T5X's `module` (e.g. `t5x.train`) as `__main__` with our gin search path.
+
+    `argv` defaults to `sys.argv`.
+    """
     argv = list(sys.argv if argv is None else argv)
     sys.argv = with_search_path(argv, gin_search_path())
-    runpy.run_module("t5x.train", run_name="__main__", alter_sys=True)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Runs `t5x.train` with our gin search path; `argv` defaults to `sys.argv`."""
+    run_t5x_main("t5x.train", argv)
 
 
 if __name__ == "__main__":

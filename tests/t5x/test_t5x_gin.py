@@ -110,7 +110,7 @@ def test_model_file_builds_ntl_model(gin_env, local_sentencepiece, name):
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
-def test_overlay_file_parses_after_a_model(gin_env, local_sentencepiece, name):
+def test_overlay_file_parses_after_a_model(gin_env, local_sentencepiece, monkeypatch, name):
     if "ntl_jax.tasks" in (CONFIGS / name).read_text() and not _has_tasks():
         pytest.skip("ntl_jax.tasks is not available")
     base = "models/t5_1_1_tiny_ntl.gin" if name == "models/digit_vocab.gin" else "models/t5_1_1_tiny_byte_ntl.gin"
@@ -119,6 +119,9 @@ def test_overlay_file_parses_after_a_model(gin_env, local_sentencepiece, name):
     bindings = _offline_bindings(local_sentencepiece) + ["MIXTURE_OR_TASK_NAME = 'any'", "TRAIN_STEPS = 1"]
     if "finetune" in name:
         bindings.append("INITIAL_CHECKPOINT_PATH = '/tmp/unused'")
+    if name == "runs/ntl_eval.gin":
+        monkeypatch.setitem(sys.modules, "__main__", importlib.import_module("t5x.eval"))
+        bindings += ["CHECKPOINT_PATH = '/tmp/unused'", "EVAL_OUTPUT_DIR = '/tmp/unused'"]
     model = _parse_and_build([base, name], bindings)
     assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
 

@@ -38,22 +38,47 @@ def _scalars(folder: pathlib.Path) -> dict:
     return out
 
 
+def _launch(module, cwd, *flags):
+    """Runs a launcher from `cwd` (not the checkout: gin files come via its search path)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("NTL_JAX_MATH_DIR", None)  # generate the data on the fly
+    command = [sys.executable, "-m", module, *flags]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-5000:]
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("t5x_run")
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("NTL_JAX_MATH_DIR", None)  # generate the data on the fly
-    command = [
-        sys.executable, "-m", "ntl_jax.t5x.train",
+    _launch(
+        "ntl_jax.t5x.train", model_dir,
         f"--gin_file={EXPERIMENT}",
         "--gin_file=t5x_configs/runs/local.gin",
         f'--gin.MODEL_DIR="{model_dir}"',
         f"--gin.TRAIN_STEPS={STEPS}",
         f"--gin.EVAL_PERIOD={PERIOD}",
-    ]
-    # From another directory, so the gin files are found through the launcher's search path.
-    result = subprocess.run(command, cwd=model_dir, env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-5000:]
+    )
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def finetune_dir(run_dir, tmp_path_factory):
+    """Fine-tunes that checkpoint as runs/ntl_finetune.gin does the public ones: a task
+    copy on the model's vocabulary, packed batches, AVERAGE_PER_SEQUENCE."""
+    model_dir = tmp_path_factory.mktemp("t5x_finetune")
+    _launch(
+        "ntl_jax.t5x.train", model_dir,
+        "--gin_file=t5x_configs/models/t5_1_1_tiny_byte_ntl.gin",
+        "--gin_file=t5x_configs/runs/ntl_finetune.gin",
+        "--gin_file=t5x_configs/runs/local.gin",
+        "--gin.MIXTURE_OR_TASK_NAME=@task_variants.with_vocabulary()",
+        "--gin.task_variants.with_vocabulary.name='ntl_math_arithmetic_ablation_byte'",
+        "--gin.LOSS_NORMALIZING_FACTOR='AVERAGE_PER_SEQUENCE'",
+        f'--gin.INITIAL_CHECKPOINT_PATH="{run_dir / f"checkpoint_{STEPS}"}"',
+        f'--gin.MODEL_DIR="{model_dir}"',
+        f"--gin.TRAIN_STEPS={STEPS + PERIOD}",
+        f"--gin.EVAL_PERIOD={PERIOD}",
+    )
     return model_dir
 
 
@@ -90,3 +115,30 @@ def test_inference_eval_metrics_from_the_task(run_dir):
         for key in ("number_accuracy", "mae", "exact_match", "fraction_unparseable"):
             assert key in record, sorted(record)
         assert 0.0 <= record["fraction_unparseable"] <= 1.0
+
+
+def test_finetuning_restores_and_trains_on_the_task_copy(finetune_dir):
+    assert (finetune_dir / f"checkpoint_{STEPS + PERIOD}").is_dir()
+    task = "ntl_math_ablation__arithmetic__add_sub_multiple_byte_t5"
+    scalars = _scalars(finetune_dir / "training_eval" / task)
+    (loss,) = scalars["loss"].values()
+    # AVERAGE_PER_SEQUENCE: mean over sequences of per-sequence means, so a per-token scale.
+    assert math.isfinite(loss) and 0 < loss < 10
+    (record,) = [json.loads(x) for x in (finetune_dir / "inference_eval" / f"{task}-metrics.jsonl").read_text().splitlines()]
+    assert record["step"] == STEPS + PERIOD and "number_accuracy" in record
+
+
+def test_evaluation_on_a_test_split(run_dir, tmp_path):
+    output = tmp_path / "eval"
+    _launch(
+        "ntl_jax.t5x.eval", tmp_path,
+        "--gin_file=t5x_configs/models/t5_1_1_tiny_byte_ntl.gin",
+        "--gin_file=t5x_configs/runs/ntl_eval.gin",
+        f"--gin.MIXTURE_OR_TASK_NAME='{TASK}'",
+        f'--gin.CHECKPOINT_PATH="{run_dir / f"checkpoint_{STEPS}"}"',
+        f'--gin.EVAL_OUTPUT_DIR="{output}"',
+        "--gin.EVALUATOR_NUM_EXAMPLES=16",
+        "--gin.BATCH_SIZE=8",
+    )
+    (record,) = [json.loads(x) for x in (output / "inference_eval" / f"{TASK}-metrics.jsonl").read_text().splitlines()]
+    assert record["step"] == STEPS and record["num_examples"] == 16
