@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-MODULES = ["ntl_jax.t5x", "ntl_jax.t5x.models", "ntl_jax.t5x.train"]
+MODULES = ["ntl_jax.t5x", "ntl_jax.t5x.models", "ntl_jax.t5x.train", "ntl_jax.t5x.eval"]
 
 
 @pytest.mark.parametrize("module", MODULES)
