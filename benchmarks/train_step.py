@@ -1,0 +1,92 @@
+"""Train-step time with NTL vs cross-entropy only, on the trainer's network.
+
+All variants run interleaved in one process (round-robin, so machine load affects them
+alike); each round times `--steps` jitted steps per variant after compilation. Prints
+the median time per step and the median over rounds of each variant's ratio to CE.
+
+    python benchmarks/train_step.py                 # tiny preset, the `compare` shapes
+    python benchmarks/train_step.py --preset micro --rounds 3 --steps 5   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from ntl_jax.train import network, optim, step as step_lib
+from ntl_jax.train.trainer import padded_number_tokens
+
+
+def synthetic_batch(rng: np.random.Generator, vocabulary, batch: int, lin: int, ltgt: int):
+    """Random question tokens and digit answers of realistic length, as features."""
+    from ntl_jax.train.data import EOS_ID, to_features
+
+    digit_ids = [vocabulary.encode(str(d))[-1] for d in range(10)]
+    inputs = rng.integers(3, int(vocabulary.vocab_size), size=(batch, lin)).astype(np.int32)
+    inputs[:, -1] = EOS_ID
+    targets = np.zeros((batch, ltgt), np.int32)
+    for row in targets:
+        n = int(rng.integers(1, ltgt))
+        row[:n] = rng.choice(digit_ids, size=n)
+        row[n] = EOS_ID
+    return to_features(inputs, targets)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="tiny", choices=sorted(network.PRESETS))
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--input-length", type=int, default=48)
+    p.add_argument("--target-length", type=int, default=8)
+    p.add_argument("--losses", nargs="+", default=["ce", "ntl-was", "ntl-mse"])
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
+    args = p.parse_args()
+
+    from ntl_jax.vocab import default_vocabulary
+
+    vocabulary = default_vocabulary()
+    cfg = network.make_config(args.preset, int(vocabulary.vocab_size))
+    model = network.Transformer(cfg)
+    number_tokens = padded_number_tokens(vocabulary, cfg.vocab_size)
+    optimizer = optim.make_optimizer("adamw", learning_rate=1e-3, total_steps=10_000)
+    batch = synthetic_batch(np.random.default_rng(0), vocabulary, args.batch,
+                            args.input_length, args.target_length)
+    batch = jax.device_put(batch)
+    steps, states = {}, {}
+    for loss in args.losses:
+        steps[loss] = step_lib.make_train_step(model, optimizer, number_tokens, loss=loss)
+        states[loss] = step_lib.create_train_state(model, optimizer, batch, seed=0)
+        for _ in range(2):  # compile and warm up
+            states[loss], m = steps[loss](states[loss], batch)
+        jax.block_until_ready(m)
+
+    times = {loss: [] for loss in args.losses}
+    for _ in range(args.rounds):
+        for loss in args.losses:
+            state = states[loss]
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                state, m = steps[loss](state, batch)
+            jax.block_until_ready((state, m))
+            times[loss].append((time.perf_counter() - t) / args.steps)
+            states[loss] = state
+
+    print(f"# {args.preset} preset, batch {args.batch}, lengths {args.input_length}/"
+          f"{args.target_length}, vocab {cfg.vocab_size}; {args.rounds} rounds x "
+          f"{args.steps} steps; jax {jax.__version__} on {jax.devices()[0].platform} "
+          f"({platform.processor() or platform.machine()})")
+    base = times[args.losses[0]]
+    for loss in args.losses:
+        ratio = statistics.median(t / b for t, b in zip(times[loss], base))
+        print(f"{loss:18s} median {1e3 * statistics.median(times[loss]):8.2f} ms/step   "
+              f"ratio to {args.losses[0]}: {ratio:.3f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""orbax-checkpoint saving and resuming of the train state.
+
+Every checkpoint holds the train state and, as JSON, the run's identity (model, data,
+loss and optimizer settings). Orbax writes each step to a temporary directory and
+renames it when complete, so an interrupted save never shadows the previous
+checkpoint. Restoring never deletes anything: a checkpoint that cannot be read, or was
+written by a different configuration, raises `CheckpointError` naming the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint exists but cannot be used by this run."""
+
+
+class Checkpointer:
+    """Saves and restores `(state, identity)` under `<out>/checkpoints/<step>/`."""
+
+    def __init__(self, directory: str, *, max_to_keep: int = 2):
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                               enable_async_checkpointing=False)
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              item_names=("state", "identity"))
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, step: int, state: Any, identity: dict) -> None:
+        self._manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), identity=ocp.args.JsonSave(identity)),
+            force=True)
+        self._manager.wait_until_finished()
+
+    def restore(self, step: int, target_state: Any, identity: dict) -> Any:
+        """Restores `step` into the structure of `target_state` after checking identity.
+
+        Raises:
+          CheckpointError: unreadable files, or a different run configuration.
+        """
+        where = os.path.join(self.directory, str(step))
+        try:
+            saved = self._manager.restore(step, args=ocp.args.Composite(
+                identity=ocp.args.JsonRestore()))["identity"]
+        except Exception as e:  # orbax raises many types for damaged files
+            raise CheckpointError(
+                f"the checkpoint at {where} cannot be read ({type(e).__name__}: {e}). "
+                "Nothing was deleted; move that directory aside to resume from an earlier "
+                "checkpoint, or train into a new --out directory.") from e
+        diffs = _differences(_jsonable(identity), saved)
+        if diffs:
+            raise CheckpointError(
+                f"the checkpoint at {where} was written by a different configuration "
+                f"({'; '.join(diffs)}). Nothing was deleted; rerun with the same flags to "
+                "resume, or train into a new --out directory.")
+        abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, target_state)
+        try:
+            return self._manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract)))["state"]
+        except Exception as e:
+            raise CheckpointError(
+                f"the train state in the checkpoint at {where} is damaged or does not match "
+                f"this model ({type(e).__name__}: {e}). Nothing was deleted; move that "
+                "directory aside or train into a new --out directory.") from e
+
+    def close(self) -> None:
+        self._manager.close()
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def _differences(current: Any, saved: Any, prefix: str = "") -> list[str]:
+    if isinstance(current, dict) and isinstance(saved, dict):
+        out = []
+        for key in sorted(set(current) | set(saved)):
+            name = f"{prefix}{key}"
+            if key not in saved:
+                out.append(f"{name}: not in the checkpoint")
+            elif key not in current:
+                out.append(f"{name}: only in the checkpoint")
+            else:
+                out.extend(_differences(current[key], saved[key], name + "."))
+        return out
+    if current != saved:
+        return [f"{prefix.rstrip('.')}: checkpoint has {saved!r}, this run has {current!r}"]
+    return []

@@ -1,0 +1,122 @@
+"""`ntl-jax plot-loss`: CE, NTL-MSE and NTL-WAS over predicted digit distributions.
+
+The paper's picture (Zausinger et al. 2025, Fig. 1): cross-entropy only asks whether the
+right digit got the mass, so every wrong digit costs the same; NTL grows with how far
+the predicted digits are from the target. Computed with the library's own losses on a
+vocabulary made of the ten digits plus padding and EOS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+
+def digit_in_range(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a digit 0-9, got {text!r}") from None
+    if not 0 <= value <= 9:
+        raise argparse.ArgumentTypeError(f"expected a digit 0-9, got {value}")
+    return value
+
+
+def probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability, got {text!r}") from None
+    if not 0.1 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a probability in (0.1, 1), got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--digit", type=digit_in_range, default=4,
+                        help="the target digit (default: %(default)s)")
+    parser.add_argument("--confidence", type=probability, default=0.9,
+                        help="mass on the predicted digit in the left panel; the rest is "
+                             "spread evenly (default: %(default)s)")
+    parser.add_argument("--width", type=float, default=1.0,
+                        help="std of the discretised Gaussian prediction in the right "
+                             "panel (default: %(default)s)")
+    parser.add_argument("--out", default="ntl_loss.png", help="PNG path (default: %(default)s)")
+
+
+def loss_curves(digit: int, distributions: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-distribution CE, NTL-MSE and NTL-WAS for target `digit`.
+
+    Args:
+      digit: target digit 0-9.
+      distributions: `[K, 10]` probabilities over the digits 0-9 (rows sum to 1).
+
+    Returns:
+      `{"CE": [K], "NTL-MSE": [K], "NTL-WAS": [K]}` as numpy arrays.
+    """
+    import jax.numpy as jnp
+
+    import ntl_jax
+
+    pieces = ["<pad>", "</s>"] + [str(d) for d in range(10)]
+    number_tokens = ntl_jax.NumberTokens.from_pieces(pieces)
+    probs = np.concatenate([np.zeros((len(distributions), 2)), distributions], axis=1)
+    logits = jnp.log(jnp.asarray(np.maximum(probs, 1e-30), jnp.float32))[:, None, :]
+    targets = jnp.full((len(distributions), 1), 2 + digit, jnp.int32)
+    ce = [float(ntl_jax.weighted_cross_entropy(logits[i:i + 1], targets[i:i + 1])[0])
+          for i in range(len(distributions))]
+    mse = ntl_jax.ntl_dot(logits, targets, number_tokens, loss="mse")[:, 0]
+    was = ntl_jax.ntl_was(logits, targets, number_tokens)[:, 0]
+    return {"CE": np.asarray(ce), "NTL-MSE": np.asarray(mse), "NTL-WAS": np.asarray(was)}
+
+
+def peaked(confidence: float) -> np.ndarray:
+    """`[10, 10]`: row k puts `confidence` on digit k and spreads the rest evenly."""
+    d = np.full((10, 10), (1 - confidence) / 9)
+    np.fill_diagonal(d, confidence)
+    return d
+
+
+def gaussian(centres: np.ndarray, width: float) -> np.ndarray:
+    """`[K, 10]`: discretised Gaussians over the digits, one per centre."""
+    d = np.exp(-0.5 * ((np.arange(10)[None, :] - centres[:, None]) / width) ** 2)
+    return d / d.sum(axis=1, keepdims=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.width > 0:
+        print(f"ntl-jax plot-loss: error: --width must be > 0, got {args.width}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(args.out)
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        print(f"ntl-jax plot-loss: error: cannot write {out}: directory {parent} is missing "
+              "or not writable", file=sys.stderr)
+        return 2
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    centres = np.linspace(0, 9, 181)
+    left = loss_curves(args.digit, peaked(args.confidence))
+    right = loss_curves(args.digit, gaussian(centres, args.width))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, style in (("CE", "o-"), ("NTL-MSE", "s-"), ("NTL-WAS", "^-")):
+        axes[0].plot(np.arange(10), left[name], style, label=name)
+        axes[1].plot(centres, right[name], style[1:], label=name)
+    axes[0].set(xlabel="predicted digit (argmax)", ylabel="loss", xticks=range(10),
+                title=f"target {args.digit}; {args.confidence:.0%} on the predicted digit")
+    axes[1].set(xlabel="centre of the predicted distribution",
+                title=f"target {args.digit}; Gaussian over digits, std {args.width:g}")
+    for ax in axes:
+        ax.axvline(args.digit, color="grey", lw=0.8, ls=":")
+        ax.legend()
+    fig.suptitle("Cross-entropy ignores how far off a wrong digit is; NTL does not")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,138 @@
+"""`ntl-jax train`: train a small T5 on a mathematics module with or without NTL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+# Defaults shared with `ntl-jax compare` (its defaults are this run at three losses).
+DEFAULTS = dict(preset="tiny", module="arithmetic__add_sub_multiple", steps=2000,
+                batch_size=32, learning_rate=2e-3, warmup_steps=100,
+                train_examples=20_000, eval_examples=500)
+LOSSES = ("ce", "ntl-was", "ntl-mse", "ntl-mae", "ntl-huber", "ntl-number-level")
+PRESETS = ("micro", "tiny", "small", "base")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict) -> None:
+    """Flags shared by `train` and `compare` (model, data, optimisation, logging)."""
+    g = parser.add_argument_group("model and data")
+    g.add_argument("--preset", choices=PRESETS, default=defaults["preset"],
+                   help="network size (default: %(default)s)")
+    g.add_argument("--module", default=defaults["module"],
+                   help="DeepMind mathematics module (default: %(default)s)")
+    g.add_argument("--train-examples", type=positive_int, default=defaults["train_examples"],
+                   help="size of the generated training pool (default: %(default)s)")
+    g.add_argument("--eval-examples", type=positive_int, default=defaults["eval_examples"],
+                   help="problems per test split (default: %(default)s)")
+    g = parser.add_argument_group("optimisation")
+    g.add_argument("--steps", type=positive_int, default=defaults["steps"],
+                   help="training steps (default: %(default)s)")
+    g.add_argument("--batch-size", type=positive_int, default=defaults["batch_size"],
+                   help="(default: %(default)s)")
+    g.add_argument("--optimizer", choices=("adamw", "adafactor"), default="adamw")
+    g.add_argument("--learning-rate", type=positive_float, default=defaults["learning_rate"],
+                   help="peak learning rate (default: %(default)s)")
+    g.add_argument("--warmup-steps", type=non_negative_int, default=defaults["warmup_steps"],
+                   help="(default: %(default)s)")
+    g.add_argument("--ntl-weight", type=non_negative_float, default=0.3,
+                   help="lambda in CE + lambda * NTL (default: %(default)s)")
+    g = parser.add_argument_group("logging and checkpoints")
+    g.add_argument("--log-every", type=positive_int, default=50)
+    g.add_argument("--checkpoint-every", type=positive_int, default=500,
+                   help="a multiple of --log-every (default: %(default)s)")
+    g.add_argument("--eval-every", type=non_negative_int, default=0,
+                   help="evaluate every N steps; 0: at the end only (default)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard files")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--loss", choices=LOSSES, default="ntl-was",
+                        help="ce: cross-entropy only; ntl-*: CE + lambda * NTL "
+                             "(default: %(default)s)")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="initialisation, dropout and data order (default: 0)")
+    parser.add_argument("--out", required=True,
+                        help="run directory; rerunning the same command resumes from it")
+    add_run_arguments(parser, DEFAULTS)
+
+
+def make_config(args: argparse.Namespace, loss: str, seed: int):
+    """The `TrainConfig` described by parsed flags."""
+    from ntl_jax.train.data import DataConfig
+    from ntl_jax.train.trainer import TrainConfig
+
+    data = DataConfig(module=args.module, train_examples=args.train_examples,
+                      eval_examples=args.eval_examples, batch_size=args.batch_size, seed=seed)
+    return TrainConfig(loss=loss, preset=args.preset, steps=args.steps, seed=seed,
+                       optimizer=args.optimizer, learning_rate=args.learning_rate,
+                       warmup_steps=args.warmup_steps, ntl_weight=args.ntl_weight, data=data,
+                       log_every=args.log_every, checkpoint_every=args.checkpoint_every,
+                       eval_every=args.eval_every)
+
+
+def check_module(module: str) -> None:
+    from ntl_jax.data import catalogue
+
+    catalogue.check_module(module)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ntl_jax.train.checkpoint import CheckpointError
+    from ntl_jax.train.trainer import check_output_dir, train
+
+    try:
+        check_module(args.module)
+        out = check_output_dir(args.out)
+        config = make_config(args, args.loss, args.seed)
+        config.validate()
+        result = train(config, out, progress=not args.no_progress,
+                       tensorboard=not args.no_tensorboard)
+    except (ValueError, CheckpointError) as e:
+        print(f"ntl-jax train: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"step": result["step"], "eval": result.get("eval", {})}, indent=2))
+    print(f"metrics: {out}/metrics.jsonl, TensorBoard: {out}/tensorboard, "
+          f"results: {out}/results.json")
+    return 0

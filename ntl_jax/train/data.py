@@ -1,0 +1,151 @@
+"""Deterministic, resumable batches of DeepMind mathematics problems.
+
+A run draws a fixed pool of training problems from the offline generator
+(`ntl_jax.data.generate.examples`, the same source as the SeqIO tasks' on-the-fly
+mode), tokenizes it once with the digit-level vocabulary and then serves batch `s` as a
+pure function of `(seed, s)`: epoch `e` visits the pool in the order of a permutation
+seeded by `(seed, e)`. Resuming at step `s` therefore sees exactly the batches an
+uninterrupted run would, with no iterator state to checkpoint.
+
+Why not the SeqIO pipeline itself: on a 2-core CPU the trainer would spend its time in
+TensorFlow's input pipeline and its start-up, and a tf.data iterator would have to be
+checkpointed to resume in order. The problems, the vocabulary and the EOS/padding
+conventions are the same as the tasks' (`seqio.EncDecFeatureConverter` features).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+EOS_ID = 1  # T5 / seqio convention: 0 is padding, 1 is end-of-sequence
+EVAL_SPLITS = ("test_interpolate", "test_extrapolate")
+
+
+def default_example_source() -> Callable[[str, str, int, int], Iterable[tuple[str, str]]]:
+    """`examples(module, split, n, seed)` from the offline mathematics generator."""
+    from ntl_jax.data import generate  # imported late: pulls in the generator and sympy
+
+    return generate.examples
+
+
+def default_vocabulary():
+    """The digit-split SentencePiece vocabulary shipped with the package."""
+    from ntl_jax import vocab  # imported late: seqio imports TensorFlow
+
+    return vocab.default_vocabulary()
+
+
+def eval_splits(module: str) -> tuple[str, ...]:
+    """The test splits of `module`: test_extrapolate only where the release has one."""
+    from ntl_jax.data import catalogue
+
+    if module in catalogue.TRAIN_MODULES and module not in catalogue.EXTRAPOLATION_FOR:
+        return ("test_interpolate",)
+    return EVAL_SPLITS
+
+
+def _round_up(n: int, multiple: int = 8) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def encode_texts(vocabulary, texts: Sequence[str], length: int) -> tuple[np.ndarray, int]:
+    """Token ids + EOS, right-padded with 0 to `[len(texts), length]`; counts truncations."""
+    out = np.zeros((len(texts), length), np.int32)
+    truncated = 0
+    for i, text in enumerate(texts):
+        ids = list(vocabulary.encode(text))
+        if len(ids) > length - 1:
+            truncated += 1
+        ids = ids[: length - 1] + [EOS_ID]
+        out[i, : len(ids)] = ids
+    return out, truncated
+
+
+def to_features(inputs: np.ndarray, targets: np.ndarray) -> dict[str, np.ndarray]:
+    """The `seqio.EncDecFeatureConverter` features of unpacked `[B, L]` id arrays."""
+    decoder_input = np.zeros_like(targets)
+    decoder_input[:, 1:] = targets[:, :-1]  # shift right, 0 is BOS
+    return {
+        "encoder_input_tokens": inputs,
+        "decoder_input_tokens": decoder_input,
+        "decoder_target_tokens": targets,
+        "decoder_loss_weights": (targets > 0).astype(np.int32),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """What a run trains and evaluates on (all part of a checkpoint's identity)."""
+
+    module: str = "arithmetic__add_sub_multiple"
+    train_examples: int = 20_000
+    eval_examples: int = 500
+    batch_size: int = 64
+    seed: int = 0
+    max_input_length: int = 160
+    max_target_length: int = 24
+
+
+@dataclasses.dataclass
+class EvalSet:
+    inputs: np.ndarray  # [n, Lin] int32
+    questions: list[str]
+    answers: list[str]
+
+
+class ArithmeticData:
+    """A tokenized training pool and evaluation sets; `batch(step)` is deterministic."""
+
+    def __init__(self, config: DataConfig, vocabulary: Any = None,
+                 example_source: Callable | None = None):
+        if config.batch_size < 1 or config.train_examples < config.batch_size:
+            raise ValueError(f"expected 1 <= batch_size <= train_examples, got batch_size="
+                             f"{config.batch_size}, train_examples={config.train_examples}")
+        self.config = config
+        self.vocabulary = default_vocabulary() if vocabulary is None else vocabulary
+        source = default_example_source() if example_source is None else example_source
+        train = list(source(config.module, "train", config.train_examples, config.seed))
+        # The test sets do not depend on the run's seed: every run is scored on the same.
+        evals = {split: list(source(config.module, split, config.eval_examples, 0))
+                 for split in eval_splits(config.module)}
+        if len(train) != config.train_examples:
+            raise ValueError(f"the example source gave {len(train)} training problems, "
+                             f"expected {config.train_examples}")
+        # One static shape for all training batches (no recompilation); each eval set
+        # gets its own input length, since extrapolation questions are longer.
+        def length(texts: Sequence[str], cap: int) -> int:
+            return min(_round_up(1 + max(len(self.vocabulary.encode(t)) for t in texts)), cap)
+
+        all_answers = [a for _, a in train] + [a for s in evals.values() for _, a in s]
+        self.input_length = length([q for q, _ in train], config.max_input_length)
+        self.target_length = length(all_answers, config.max_target_length)
+        self._inputs, _ = encode_texts(self.vocabulary, [q for q, _ in train],
+                                       self.input_length)
+        self._targets, self.truncated_targets = encode_texts(
+            self.vocabulary, [a for _, a in train], self.target_length)
+        self.eval_sets = {}
+        for split, ex in evals.items():
+            questions = [q for q, _ in ex]
+            inputs, _ = encode_texts(self.vocabulary, questions,
+                                     length(questions, config.max_input_length))
+            self.eval_sets[split] = EvalSet(inputs, questions, [a for _, a in ex])
+        self._perm_epoch, self._perm = -1, None
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._perm_epoch:
+            rng = np.random.default_rng([self.config.seed, epoch])
+            self._perm, self._perm_epoch = rng.permutation(self.config.train_examples), epoch
+        return self._perm
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        """The features of training batch `step` (0-based); a pure function of the step."""
+        n, b = self.config.train_examples, self.config.batch_size
+        positions = np.arange(step * b, (step + 1) * b)
+        idx = np.empty(b, np.int64)
+        for epoch in np.unique(positions // n):  # a batch may straddle two epochs
+            sel = positions // n == epoch
+            idx[sel] = self._permutation(int(epoch))[positions[sel] % n]
+        return to_features(self._inputs[idx], self._targets[idx])

@@ -1,0 +1,91 @@
+"""Greedy decoding and number metrics on the test splits."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntl_jax.train.data import EOS_ID, EvalSet
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_length"))
+def greedy_decode(model, params, encoder_input_tokens: jax.Array, max_length: int) -> jax.Array:
+    """Argmax decoding: `[B, Lin]` inputs -> `[B, max_length]` ids, 0 after the first EOS.
+
+    The encoder runs once; the causal decoder re-runs on a fixed-length buffer at every
+    position (no key/value cache). For the short answers here that costs little and
+    keeps the network free of decoding state; later positions of the buffer cannot
+    influence earlier ones, so the tokens equal cached greedy decoding's.
+    """
+    variables = {"params": params}
+    encoded = model.apply(variables, encoder_input_tokens, enable_dropout=False,
+                          method=model.encode)
+    batch = encoder_input_tokens.shape[0]
+    # All-ones targets: only the causal mask applies while decoding.
+    ones = jnp.ones((batch, max_length), jnp.int32)
+
+    def body(i, carry):
+        out, done = carry
+        dec_in = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))  # shift right, 0 is BOS
+        logits = model.apply(variables, encoded, encoder_input_tokens, dec_in, ones,
+                             enable_dropout=False, method=model.decode)
+        token = jnp.argmax(logits[:, i], axis=-1).astype(jnp.int32)
+        token = jnp.where(done, 0, token)
+        out = out.at[:, i].set(token)
+        return out, done | (token == EOS_ID)
+
+    out = jnp.zeros((batch, max_length), jnp.int32)
+    out, _ = jax.lax.fori_loop(0, max_length, body, (out, jnp.zeros((batch,), bool)))
+    return out
+
+
+def decode_texts(vocabulary, ids: np.ndarray) -> list[str]:
+    """Token ids (up to the first EOS) -> strings."""
+    texts = []
+    for row in np.asarray(ids):
+        row = row.tolist()
+        if EOS_ID in row:
+            row = row[: row.index(EOS_ID)]
+        texts.append(vocabulary.decode([t for t in row if t > 0]))
+    return texts
+
+
+def predict(model, params, eval_set: EvalSet, vocabulary, max_length: int,
+            batch_size: int = 256) -> list[str]:
+    """Greedy predictions (strings) for every question of `eval_set`."""
+    preds: list[str] = []
+    n = len(eval_set.answers)
+    for start in range(0, n, batch_size):
+        chunk = eval_set.inputs[start:start + batch_size]
+        real = len(chunk)
+        if real < batch_size:  # pad to one static shape: a single compilation
+            chunk = np.concatenate([chunk, np.zeros((batch_size - real, chunk.shape[1]),
+                                                    chunk.dtype)])
+        ids = greedy_decode(model, params, jnp.asarray(chunk), max_length)
+        preds.extend(decode_texts(vocabulary, np.asarray(ids)[:real]))
+    return preds
+
+
+def score(predictions: list[str], targets: list[str]) -> dict[str, float]:
+    """Number metrics of decoded answers (see `ntl_jax.metrics`)."""
+    from ntl_jax import metrics
+
+    values = metrics.number_metrics(targets, predictions) | metrics.exact_match(targets, predictions)
+    return {k: float(v) for k, v in values.items()}
+
+
+def evaluate(model, params, eval_sets: dict[str, EvalSet], vocabulary, max_length: int,
+             batch_size: int = 256) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """`{"<split>/<metric>": value}` over all eval sets, and the predictions per split."""
+    results: dict[str, float] = {}
+    all_preds: dict[str, list[str]] = {}
+    for split, eval_set in eval_sets.items():
+        preds = predict(model, params, eval_set, vocabulary, max_length, batch_size)
+        all_preds[split] = preds
+        for name, value in score(preds, eval_set.answers).items():
+            results[f"{split}/{name}"] = value
+    return results, all_preds

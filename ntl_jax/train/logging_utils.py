@@ -1,0 +1,64 @@
+"""Metrics sinks: a JSON-lines file and TensorBoard event files."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+class MetricsLog:
+    """Appends `{"step": s, ...}` records to `<out>/metrics.jsonl` and TensorBoard.
+
+    On resume from step `s`, records after `s` (written by the interrupted run after its
+    last checkpoint) are dropped from the JSON file, and TensorBoard is told to discard
+    its own (a `SessionLog.START` at `s + 1`), so both read like one uninterrupted run.
+    """
+
+    def __init__(self, out_dir: str, resume_step: int | None = None, tensorboard: bool = True):
+        self.path = os.path.join(out_dir, "metrics.jsonl")
+        if resume_step is None:
+            open(self.path, "w").close()
+        else:
+            self._truncate_after(resume_step)
+        self._tb = None
+        if tensorboard:
+            from tensorboard.compat.proto import event_pb2
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self._event_pb2 = event_pb2
+            self._tb = EventFileWriter(os.path.join(out_dir, "tensorboard"))
+            if resume_step is not None:
+                self._tb.add_event(event_pb2.Event(
+                    wall_time=time.time(), step=resume_step + 1,
+                    session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+
+    def _truncate_after(self, step: int) -> None:
+        if not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        with open(self.path, "w") as f:
+            f.writelines(kept)
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": int(step), **values}) + "\n")
+        if self._tb is not None:
+            from tensorboard.compat.proto import summary_pb2
+
+            summary = summary_pb2.Summary(value=[
+                summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+                for k, v in values.items() if isinstance(v, (int, float))])
+            self._tb.add_event(self._event_pb2.Event(wall_time=time.time(), step=int(step),
+                                                     summary=summary))
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The records of a `metrics.jsonl` file."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

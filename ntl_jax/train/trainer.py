@@ -1,0 +1,211 @@
+"""The training loop: data, model, jitted step, checkpoints, logs and evaluation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from ntl_jax.train import data as data_lib
+from ntl_jax.train import network, optim, step as step_lib
+from ntl_jax.train.checkpoint import Checkpointer, CheckpointError  # noqa: F401 (re-export)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a training run (saved with each checkpoint)."""
+
+    loss: str = "ntl-was"
+    preset: str = "tiny"
+    steps: int = 2000
+    seed: int = 0
+    optimizer: str = "adamw"
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+    schedule: str = "cosine"
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    ntl_weight: float = 0.3
+    z_loss: float = 1e-4
+    dropout_rate: float = 0.0
+    data: data_lib.DataConfig = data_lib.DataConfig()
+    # Bookkeeping (not part of a checkpoint's identity).
+    log_every: int = 50
+    checkpoint_every: int = 500
+    eval_every: int = 0  # 0: evaluate at the end only
+    eval_batch_size: int = 250
+
+    def validate(self) -> None:
+        if self.loss not in step_lib.LOSS_KINDS:
+            raise ValueError(f"loss must be one of {sorted(step_lib.LOSS_KINDS)}, got {self.loss!r}")
+        if self.preset not in network.PRESETS:
+            raise ValueError(f"preset must be one of {sorted(network.PRESETS)}, got {self.preset!r}")
+        for name in ("steps", "log_every", "checkpoint_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every % self.log_every:
+            raise ValueError(f"checkpoint_every ({self.checkpoint_every}) must be a multiple of "
+                             f"log_every ({self.log_every}) so resumed logs match")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
+        if self.ntl_weight < 0 or not 0 <= self.dropout_rate < 1:
+            raise ValueError(f"expected ntl_weight >= 0 and 0 <= dropout_rate < 1, got "
+                             f"{self.ntl_weight} and {self.dropout_rate}")
+        if self.optimizer not in optim.OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {optim.OPTIMIZERS}, got {self.optimizer!r}")
+
+    def identity(self) -> dict:
+        """The fields a resumed run must share with its checkpoint."""
+        d = dataclasses.asdict(self)
+        for key in ("log_every", "checkpoint_every", "eval_every", "eval_batch_size"):
+            d.pop(key)
+        return d
+
+
+def check_output_dir(out_dir: str) -> str:
+    """Creates `out_dir` if needed and checks it is writable (clear error otherwise)."""
+    out_dir = os.path.abspath(out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        probe = os.path.join(out_dir, ".write_test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(f"output directory {out_dir} is not writable: {e.strerror or e}") from e
+    return out_dir
+
+
+def padded_number_tokens(vocabulary, vocab_size: int):
+    """`NumberTokens` of `vocabulary`, extended with non-number rows to the model's size."""
+    import ntl_jax
+
+    nt = ntl_jax.NumberTokens.from_vocabulary(vocabulary)
+    extra = vocab_size - nt.vocab_size
+    if extra < 0:
+        raise ValueError(f"model vocab_size {vocab_size} < vocabulary size {nt.vocab_size}")
+    values = np.concatenate([np.asarray(nt.values), np.full((extra,), np.nan, np.float32)])
+    return ntl_jax.NumberTokens(values, nt.ids, nt.number_values, dot_id=nt.dot_id)
+
+
+def _mean(records: list[dict]) -> dict[str, float]:
+    host = jax.device_get(records)
+    return {k: float(np.mean([r[k] for r in host])) for k in host[0]}
+
+
+def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | None = None,
+          progress: bool = True, tensorboard: bool = True, stop_after: int | None = None
+          ) -> dict[str, Any]:
+    """Trains (or resumes) a run in `out_dir`; returns the final evaluation metrics.
+
+    Args:
+      config: the run.
+      out_dir: created if missing; holds checkpoints/, metrics.jsonl, tensorboard/,
+        results.json and predictions.json.
+      data: reuse already generated data (it must have been built from `config.data`).
+      progress: show a tqdm progress bar.
+      tensorboard: also write TensorBoard event files.
+      stop_after: stop (after checkpointing) once this step is reached, as if
+        interrupted; used to test resuming.
+
+    Returns:
+      A dict with "step", "eval" (`{"<split>/<metric>": value}`), "train" (last logged
+      training metrics) and "seconds".
+
+    Raises:
+      ValueError: bad configuration or unwritable `out_dir`.
+      CheckpointError: an existing checkpoint is unreadable or from another configuration.
+    """
+    from tqdm import tqdm
+
+    config.validate()
+    out_dir = check_output_dir(out_dir)
+    if data is None:
+        data = data_lib.ArithmeticData(config.data)
+    elif data.config != config.data:
+        raise ValueError(f"data was built from {data.config}, the run wants {config.data}")
+
+    vocabulary = data.vocabulary
+    model_config = network.make_config(config.preset, int(vocabulary.vocab_size),
+                                       dropout_rate=config.dropout_rate)
+    model = network.Transformer(model_config)
+    number_tokens = padded_number_tokens(vocabulary, model_config.vocab_size)
+    optimizer = optim.make_optimizer(
+        config.optimizer, learning_rate=config.learning_rate, total_steps=config.steps,
+        warmup_steps=config.warmup_steps, schedule=config.schedule,
+        weight_decay=config.weight_decay, clip_norm=config.clip_norm)
+    train_step = step_lib.make_train_step(
+        model, optimizer, number_tokens, loss=config.loss, ntl_weight=config.ntl_weight,
+        z_loss=config.z_loss)
+
+    state = step_lib.create_train_state(model, optimizer, data.batch(0), config.seed)
+    checkpointer = Checkpointer(os.path.join(out_dir, "checkpoints"))
+    identity = config.identity()
+    start = checkpointer.latest_step()
+    if start is not None:
+        state = checkpointer.restore(start, state, identity)
+    else:
+        start = 0
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(identity, f, indent=2, default=str)
+    from ntl_jax.train.logging_utils import MetricsLog
+
+    log = MetricsLog(out_dir, resume_step=start if start else None, tensorboard=tensorboard)
+    end = config.steps if stop_after is None else min(stop_after, config.steps)
+    bar = tqdm(total=config.steps, initial=start, disable=not progress, desc=config.loss,
+               dynamic_ncols=True, leave=True)
+    window: list[dict] = []
+    last_train: dict[str, float] = {}
+    t_window, t_start = time.perf_counter(), time.perf_counter()
+    try:
+        for step in range(start, end):
+            state, metrics = train_step(state, data.batch(step))
+            window.append(metrics)
+            done = step + 1
+            if done % config.log_every == 0 or done == end:
+                last_train = _mean(window)
+                now = time.perf_counter()
+                rate = len(window) * config.data.batch_size / (now - t_window)
+                window, t_window = [], now
+                log.write(done, {f"train/{k}": v for k, v in last_train.items()}
+                          | {"train/examples_per_second": rate})
+                bar.set_postfix(loss=f"{last_train['loss']:.3f}",
+                                ce=f"{last_train['cross_entropy']:.3f}",
+                                ntl=f"{last_train['ntl']:.3f}", ex_s=f"{rate:.0f}")
+            bar.update(1)
+            if done % config.checkpoint_every == 0 or done == end:
+                checkpointer.save(done, state, identity)
+            if config.eval_every and done % config.eval_every == 0 and done < config.steps:
+                _evaluate_and_log(model, state, data, config, log, done, out_dir)
+        step_done = int(jax.device_get(state.step))
+        results: dict[str, Any] = {"step": step_done, "train": last_train,
+                                   "seconds": time.perf_counter() - t_start}
+        if step_done >= config.steps:
+            results["eval"] = _evaluate_and_log(model, state, data, config, log, step_done,
+                                                out_dir, final=True)
+            with open(os.path.join(out_dir, "results.json"), "w") as f:
+                json.dump(results, f, indent=2)
+        return results | {"state": state}
+    finally:
+        bar.close()
+        log.close()
+        checkpointer.close()
+
+
+def _evaluate_and_log(model, state, data, config, log, step, out_dir, final=False):
+    from ntl_jax.train import evaluate
+
+    metrics, preds = evaluate.evaluate(model, state.params, data.eval_sets, data.vocabulary,
+                                       data.target_length, config.eval_batch_size)
+    log.write(step, {f"eval/{k}": v for k, v in metrics.items()})
+    if final:
+        with open(os.path.join(out_dir, "predictions.json"), "w") as f:
+            json.dump({split: [{"question": q, "target": a, "prediction": p}
+                               for q, a, p in zip(s.questions, s.answers, preds[split])]
+                       for split, s in data.eval_sets.items()}, f, indent=1)
+    return metrics

@@ -1,0 +1,103 @@
+"""`ntl-jax train / compare / plot-loss` end to end on the micro preset."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flax")
+pytest.importorskip("orbax.checkpoint")
+pytest.importorskip("matplotlib")
+
+from ntl_jax import cli  # noqa: E402
+
+MICRO = ["--preset", "micro", "--train-examples", "16", "--eval-examples", "4",
+         "--batch-size", "8", "--log-every", "1", "--checkpoint-every", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def real_data():
+    pytest.importorskip("seqio")
+    pytest.importorskip("mathematics_dataset")
+
+
+def test_train_end_to_end_and_rerun_resumes(real_data, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    argv = ["train", "--loss", "ntl-mse", "--steps", "3", "--seed", "1", "--out", out] + MICRO
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert '"step": 3' in printed
+    results = json.load(open(os.path.join(out, "results.json")))
+    assert results["step"] == 3
+    assert 0.0 <= results["eval"]["test_interpolate/number_accuracy"] <= 1.0
+    assert "test_extrapolate/mae" in results["eval"]
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3]
+    assert all(np.isfinite(r["train/ntl"]) for r in records if "train/ntl" in r)
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(out, "tensorboard")))
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["2", "3"]
+    # The same command again finds the finished run and only re-evaluates.
+    assert cli.main(argv) == 0
+    assert json.load(open(os.path.join(out, "results.json")))["eval"] == results["eval"]
+    # Another loss into the same directory is refused, and the checkpoint survives.
+    bad = list(argv)
+    bad[bad.index("ntl-mse")] = "ce"
+    assert cli.main(bad) == 2
+    assert "different configuration" in capsys.readouterr().err
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["2", "3"]
+
+
+def test_compare_end_to_end(real_data, tmp_path, capsys):
+    out = str(tmp_path / "cmp")
+    argv = ["compare", "--steps", "2", "--losses", "ce", "ntl-was", "--out", out] + MICRO
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| ce | 1 |" in printed and "| ntl-was | 1 |" in printed
+    assert os.path.getsize(os.path.join(out, "compare.png")) > 10_000
+    summary = json.load(open(os.path.join(out, "compare.json")))["summary"]
+    assert set(summary) == {"ce", "ntl-was"}
+    assert len(summary["ce"]["test_interpolate/mae"]["values"]) == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "0"], "expected a positive integer, got 0"),
+    (["--loss", "ntl-foo"], "invalid choice: 'ntl-foo'"),
+    (["--learning-rate", "-1"], "expected a positive number"),
+    (["--preset", "huge"], "invalid choice: 'huge'"),
+])
+def test_train_rejects_bad_flags(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--out", str(tmp_path)] + flags)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_train_rejects_bad_module_and_unwritable_out(real_data, tmp_path, capsys):
+    assert cli.main(["train", "--module", "arithmetic__nope", "--out", str(tmp_path)]) == 2
+    assert "expected a mathematics module" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert cli.main(["train", "--out", str(blocker / "run")] + MICRO) == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_plot_loss_values_and_png(tmp_path):
+    from ntl_jax.train.cli_plot_loss import loss_curves, peaked
+
+    c = 0.9
+    curves = loss_curves(4, peaked(c))
+    rest = (1 - c) / 9
+    # Row 4 puts c on the target: CE = -log c; WAS = rest * sum_{j != 4} |4 - j| = rest * 25;
+    # MSE = (E[v] - 4)^2 with E[v] = 4c + rest * (45 - 4).
+    np.testing.assert_allclose(curves["CE"][4], -np.log(c), rtol=1e-5)
+    np.testing.assert_allclose(curves["NTL-WAS"][4], rest * 25, rtol=1e-5)
+    np.testing.assert_allclose(curves["NTL-MSE"][4], (4 * c + rest * 41 - 4) ** 2, rtol=1e-4)
+    # CE is the same for every wrong digit; WAS grows with the distance to the target.
+    np.testing.assert_allclose(curves["CE"][[0, 3, 5, 9]], -np.log(rest), rtol=1e-5)
+    assert np.all(np.diff(curves["NTL-WAS"][4:]) > 0) and np.all(np.diff(curves["NTL-WAS"][:5]) < 0)
+    out = tmp_path / "loss.png"
+    assert cli.main(["plot-loss", "--digit", "7", "--out", str(out)]) == 0
+    assert out.stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        cli.main(["plot-loss", "--digit", "12"])

@@ -1,0 +1,142 @@
+"""The train step and loop: overfitting, no recompilation, checkpoint/resume, errors."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("orbax.checkpoint")
+
+from conftest import addition_source  # noqa: E402
+from ntl_jax.train import data as data_lib  # noqa: E402
+from ntl_jax.train import network, optim, step as step_lib, trainer  # noqa: E402
+from ntl_jax.train.checkpoint import CheckpointError  # noqa: E402
+
+
+def _data(vocabulary, n=64, batch=8, seed=0):
+    cfg = data_lib.DataConfig(module="fake", train_examples=n, eval_examples=8,
+                              batch_size=batch, seed=seed)
+    return data_lib.ArithmeticData(cfg, vocabulary=vocabulary, example_source=addition_source)
+
+
+def _config(data, **kw):
+    base = dict(loss="ntl-was", preset="micro", steps=12, seed=3, learning_rate=3e-3,
+                warmup_steps=2, log_every=2, checkpoint_every=4, eval_batch_size=8,
+                data=data.config)
+    return trainer.TrainConfig(**(base | kw))
+
+
+def test_batches_are_deterministic_and_cover_each_epoch(vocabulary):
+    data = _data(vocabulary, n=24, batch=8)
+    again = _data(vocabulary, n=24, batch=8)
+    for step in (0, 2, 3, 7):
+        for k, v in data.batch(step).items():
+            np.testing.assert_array_equal(v, again.batch(step)[k])
+    epoch = np.concatenate([data.batch(s)["encoder_input_tokens"] for s in range(3)])
+    assert len({row.tobytes() for row in epoch}) == len({r.tobytes() for r in data._inputs})
+    b = data.batch(0)
+    # decoder inputs are the targets shifted right with 0 (BOS); weights mark real tokens
+    np.testing.assert_array_equal(b["decoder_input_tokens"][:, 1:], b["decoder_target_tokens"][:, :-1])
+    assert (b["decoder_input_tokens"][:, 0] == 0).all()
+    np.testing.assert_array_equal(b["decoder_loss_weights"], b["decoder_target_tokens"] > 0)
+    assert (b["decoder_target_tokens"] == data_lib.EOS_ID).sum() == 8  # one EOS per row
+
+
+def _step_setup(vocabulary, loss="ntl-was", lr=1e-2):
+    data = _data(vocabulary, n=8, batch=8)
+    cfg = network.make_config("micro", vocabulary.vocab_size)
+    model = network.Transformer(cfg)
+    nt = trainer.padded_number_tokens(vocabulary, cfg.vocab_size)
+    opt = optim.make_optimizer("adamw", learning_rate=lr, total_steps=1000, warmup_steps=0,
+                               weight_decay=0.0)
+    batch = data.batch(0)
+    state = step_lib.create_train_state(model, opt, batch, seed=0)
+    return step_lib.make_train_step(model, opt, nt, loss=loss), state, batch, data
+
+
+def test_overfits_one_batch(vocabulary):
+    train_step, state, batch, _ = _step_setup(vocabulary)
+    first = None
+    for i in range(150):
+        state, m = train_step(state, batch)
+        first = float(m["cross_entropy"]) if first is None else first
+    # ~log(45) = 3.8 per token at the start; memorising 8 short answers gets far lower.
+    assert first > 3.0
+    assert float(m["cross_entropy"]) < 0.3
+    assert float(m["ntl"]) < 0.3
+
+
+def test_train_step_compiles_once(vocabulary):
+    train_step, state, _, data = _step_setup(vocabulary)
+    data = _data(vocabulary, n=32, batch=8)
+    for s in range(4):
+        state, _ = train_step(state, data.batch(s))
+    assert train_step._cache_size() == 1
+    assert int(state.step) == 4
+
+
+def test_ce_and_ntl_losses_differ_only_in_ntl_term(vocabulary):
+    ce_step, state, batch, _ = _step_setup(vocabulary, loss="ce")
+    was_step, _, _, _ = _step_setup(vocabulary, loss="ntl-was")
+    _, m_ce = ce_step(state, batch)
+    _, m_was = was_step(state, batch)
+    np.testing.assert_allclose(m_ce["cross_entropy"], m_was["cross_entropy"], rtol=1e-6)
+    np.testing.assert_allclose(m_was["loss"] - m_ce["loss"], 0.3 * m_was["ntl"], rtol=1e-5)
+    assert float(m_was["ntl"]) > 0
+
+
+def _train_records(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    return [{k: v for k, v in r.items() if "examples_per_second" not in k} for r in recs]
+
+
+def test_resume_equals_uninterrupted_run(vocabulary, tmp_path):
+    data = _data(vocabulary)
+    cfg = _config(data)
+    full = trainer.train(cfg, str(tmp_path / "full"), data=data, progress=False,
+                         tensorboard=False)
+    # Interrupted after step 6: the last checkpoint is step 4, logs reach step 6.
+    part = str(tmp_path / "part")
+    first = trainer.train(cfg, part, data=data, progress=False, tensorboard=False, stop_after=6)
+    assert first["step"] == 6 and "eval" not in first
+    os.rename(os.path.join(part, "checkpoints", "6"), os.path.join(part, "moved_6"))
+    resumed = trainer.train(cfg, part, data=_data(vocabulary), progress=False, tensorboard=False)
+    assert resumed["step"] == 12
+    for a, b in zip(jax.tree_util.tree_leaves(full["state"]),
+                    jax.tree_util.tree_leaves(resumed["state"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert _train_records(part) == _train_records(str(tmp_path / "full"))
+    assert resumed["eval"] == full["eval"]
+    assert set(full["eval"]) >= {"test_interpolate/number_accuracy", "test_extrapolate/mae"}
+
+
+def test_incompatible_and_corrupt_checkpoints_raise_and_keep_files(vocabulary, tmp_path):
+    data = _data(vocabulary)
+    out = str(tmp_path / "run")
+    trainer.train(_config(data, steps=4), out, data=data, progress=False, tensorboard=False)
+    ckpt = os.path.join(out, "checkpoints", "4")
+    with pytest.raises(CheckpointError, match="different configuration.*loss: checkpoint has 'ntl-was', this run has 'ce'"):
+        trainer.train(_config(data, steps=4, loss="ce"), out, data=data, progress=False,
+                      tensorboard=False)
+    files = sorted(os.path.join(r, f) for r, _, fs in os.walk(ckpt) for f in fs)
+    for path in files:  # damage every file of the checkpoint
+        with open(path, "wb") as f:
+            f.write(b"\x00garbage")
+    with pytest.raises(CheckpointError, match="cannot be read|damaged"):
+        trainer.train(_config(data, steps=4), out, data=data, progress=False, tensorboard=False)
+    assert sorted(os.path.join(r, f) for r, _, fs in os.walk(ckpt) for f in fs) == files
+
+
+def test_bad_config_and_unwritable_output(vocabulary, tmp_path):
+    data = _data(vocabulary)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        trainer.train(_config(data, loss="xent"), str(tmp_path / "a"), data=data)
+    with pytest.raises(ValueError, match="multiple of log_every"):
+        trainer.train(_config(data, checkpoint_every=5), str(tmp_path / "a"), data=data)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="not writable"):
+        trainer.train(_config(data), str(blocker / "sub"), data=data)
