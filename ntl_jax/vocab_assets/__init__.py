@@ -1,0 +1,1 @@
+"""Data files of ntl_jax.vocab (the shipped SentencePiece model)."""

@@ -1,0 +1,151 @@
+"""SeqIO tasks: every registered task and split iterates, from files and on the fly."""
+
+import numpy as np
+import pytest
+
+seqio = pytest.importorskip("seqio")
+pytest.importorskip("mathematics_dataset")
+
+from ntl_jax import NumberTokens  # noqa: E402
+from ntl_jax import tasks  # noqa: E402  (registers the tasks)
+from ntl_jax import vocab  # noqa: E402
+from ntl_jax.data import catalogue  # noqa: E402
+from ntl_jax.data import generate  # noqa: E402
+
+LENGTHS = {"inputs": 96, "targets": 16}
+
+
+def _first(name, split, n=1):
+    ds = seqio.get_mixture_or_task(name).get_dataset(
+        sequence_length=LENGTHS, split=split, shuffle=False, num_epochs=1)
+    return list(ds.take(n).as_numpy_iterator())
+
+
+def test_names_and_splits():
+    names = set(tasks.REGISTERED)
+    # 56 modules + 14 extrapolation-only sets + the ablation task, twice; 4 mixtures.
+    assert len(names) == 2 * (56 + 14 + 1) + 4
+    for module in catalogue.TRAIN_MODULES:
+        assert f"ntl_math_{module}" in names and f"ntl_math_{module}_byte" in names
+    add = seqio.get_mixture_or_task("ntl_math_arithmetic__add_sub_multiple")
+    assert list(add.splits) == ["train", "validation", "test_interpolate", "test_extrapolate"]
+    assert list(seqio.get_mixture_or_task("ntl_math_algebra__linear_1d").splits) == [
+        "train", "validation", "test_interpolate"]
+    assert list(seqio.get_mixture_or_task("ntl_math_arithmetic__mixed_longer").splits) == ["test_extrapolate"]
+    paper13 = seqio.get_mixture_or_task("ntl_math_paper13")
+    extrap = [t for t in paper13.tasks if "test_extrapolate" in t.splits]
+    assert len(extrap) == 7 and len([t for t in paper13.tasks if "train" in t.splits]) == 13
+    assert add.output_features["targets"].vocabulary == vocab.default_vocabulary()
+    assert [t.name for t in seqio.get_mixture_or_task("ntl_math_arithmetic_ablation_byte").tasks] == [
+        "ntl_math_ablation__arithmetic__add_sub_multiple_byte"]
+
+
+@pytest.mark.parametrize("name", sorted(tasks.REGISTERED))
+def test_every_task_iterates_every_split_on_the_fly(name):
+    provider = seqio.get_mixture_or_task(name)
+    splits = provider.splits if hasattr(provider, "splits") else catalogue.SPLITS
+    if isinstance(provider, seqio.Mixture):
+        splits = sorted({s for t in provider.tasks for s in t.splits})
+    for split in splits:
+        (ex,) = _first(name, split)
+        assert ex["targets"][-1] == 1 and ex["inputs"][-1] == 1  # EOS
+        assert len(ex["targets"]) >= 2
+
+
+def test_generated_examples_match_the_task_and_digits_are_tokens():
+    (ex,) = _first("ntl_math_arithmetic__add_sub_multiple", "test_extrapolate")
+    q, a = generate.examples("arithmetic__add_sub_multiple", "test_extrapolate", 1)[0]
+    assert ex["inputs_pretokenized"].decode() == q and ex["targets_pretokenized"].decode() == a
+    v = vocab.default_vocabulary()
+    assert v.decode(ex["targets"].tolist()) == a
+    nt = NumberTokens.from_vocabulary(v)
+    digits = [c for c in a if c.isdigit()]
+    values = np.asarray(nt.values)[ex["targets"]]
+    assert values[~np.isnan(values)].tolist() == [float(c) for c in digits]
+    (bex,) = _first("ntl_math_arithmetic__add_sub_multiple_byte", "test_extrapolate")
+    assert bex["targets"].tolist() == [b + 3 for b in a.encode()] + [1]  # bytes + 3, EOS
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Tiny release files for the paper's 13 modules and the ablation, with the same
+    seed as on-the-fly generation: 2 pairs per difficulty, 1 per test file."""
+    root = str(tmp_path_factory.mktemp("math"))
+    train, extra = catalogue.select_modules("paper13")
+    generate.write_release(root, train, extra, per_train_module=6, per_test_module=1,
+                           workers=1, progress=False)
+    names = tasks.register_tasks(root, prefix="files_math", validation_per_difficulty=1,
+                                 ablation_train_per_difficulty=1,
+                                 ablation_validation_per_difficulty=1)
+    return root, names
+
+
+@pytest.mark.parametrize("mixture", ["files_math_paper13", "files_math_arithmetic_ablation",
+                                     "files_math_paper13_byte"])
+def test_file_tasks_iterate_every_split(files, mixture):
+    for task in seqio.get_mixture_or_task(mixture).tasks:
+        for split in task.splits:
+            assert _first(task.name, split), (task.name, split)
+
+
+def test_file_splits_equal_on_the_fly_splits(files):
+    # validation = the head of each difficulty file; train = the rest, in turn.
+    m = "arithmetic__add_or_sub"
+    got = {s: [(e["inputs_pretokenized"].decode(), e["targets_pretokenized"].decode())
+               for e in _first(f"files_math_{m}", s, n=10)]
+           for s in ("train", "validation", "test_interpolate", "test_extrapolate")}
+    sizes = dict(validation_per_difficulty=1, train_per_difficulty=2, test_size=1)
+    for split, pairs in got.items():
+        assert pairs == generate.examples(m, split, 10, **sizes), split
+    # ablation with 1 training pair per difficulty: validation is pair 1 of each file
+    abl = [(e["inputs_pretokenized"].decode(), e["targets_pretokenized"].decode())
+           for e in _first("files_math_ablation__arithmetic__add_sub_multiple", "validation", 5)]
+    assert abl == [generate.sample(catalogue.ABLATION_MODULE, r, 1) for r in catalogue.TRAIN_REGIMES]
+
+
+def test_missing_files_name_layout_and_command(files, tmp_path):
+    tasks.register_tasks(str(tmp_path / "absent"), prefix="absent_math")
+    with pytest.raises(FileNotFoundError, match="ntl-jax generate --output-dir .*absent --modules arithmetic__mul"):
+        _first("absent_math_arithmetic__mul", "train")
+    with pytest.raises(FileNotFoundError, match="train-easy/<module>.txt"):
+        _first("absent_math_arithmetic__mul_byte", "test_extrapolate")
+
+
+def test_malformed_file_names_file_and_line(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    root = tmp_path / "bad"
+    for regime in catalogue.TRAIN_REGIMES:
+        (root / regime).mkdir(parents=True)
+        (root / regime / "numbers__gcd.txt").write_text("q1\na1\nq2\n")
+    tasks.register_tasks(str(root), prefix="bad_math", validation_per_difficulty=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"numbers__gcd.txt:3: question without an answer"):
+        _first("bad_math_numbers__gcd", "train", n=10)
+
+
+def test_metric_fns_are_seqio_predict_metrics():
+    task = seqio.get_mixture_or_task("ntl_math_arithmetic__mul")
+    fns = task.predict_metric_fns
+    assert len(fns) == 2
+    merged = {}
+    for fn in fns:
+        merged.update(fn(["12", "-3"], ["12", "-4"]))
+    assert merged["exact_match"] == 0.5 and merged["number_accuracy"] == 0.5
+    assert merged["mae"] == pytest.approx(0.5)
+    assert task.postprocess_fn(" 12 \n") == "12"
+
+
+def test_environment_variable_selects_files(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import ntl_jax.tasks, seqio; "
+            "print(type(seqio.get_mixture_or_task('ntl_math_numbers__gcd').source).__name__)")
+    env = dict(os.environ, NTL_JAX_MATH_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    assert out == "MathFileDataSource"
+    env.pop("NTL_JAX_MATH_DIR")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    assert out == "FunctionDataSource"
