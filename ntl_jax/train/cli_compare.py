@@ -18,12 +18,13 @@ import numpy as np
 
 from ntl_jax.train import cli_train
 
-# The default budget: about 10 minutes for all three runs on a 2-core CPU
+# The default budget: about 10 minutes for all three runs on a shared 2-core CPU
 # (see the README for the measured time and the table it produced).
 DEFAULTS = dict(cli_train.DEFAULTS)
 LOSSES = ("ce", "ntl-mse", "ntl-was")
 # (result key suffix, column title, format)
-COLUMNS = (("number_accuracy", "acc", "{:.3f}"), ("mae", "MAE", "{:.2f}"), ("r2", "R²", "{:.3f}"))
+COLUMNS = (("number_accuracy", "acc", "{:.3f}"), ("mae", "MAE", "{:.3g}"), ("r2", "R²", "{:.3f}"),
+           ("log_mae", "log-MAE", "{:.3f}"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,10 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--losses", nargs="+", choices=cli_train.LOSSES, default=list(LOSSES),
                         help="losses to compare (default: %(default)s)")
     cli_train.add_run_arguments(parser, DEFAULTS)
-
-
-def _mean_std(values: list[float]) -> str:
-    return "" if not values else f"{np.mean(values):.3g} ± {np.std(values):.2g}"
 
 
 def summarize(results: dict[str, list[dict]], splits: list[str]) -> tuple[str, dict]:
@@ -95,7 +92,7 @@ def plot(run_dirs: dict[str, list[str]], summary: dict, splits: list[str], path:
     axes[0].legend()
     width = 0.8 / max(len(summary), 1)
     x = np.arange(len(splits))
-    for panel, key, label in ((1, "number_accuracy", "accuracy"), (2, "mae", "MAE")):
+    for panel, key, label in ((1, "number_accuracy", "accuracy"), (2, "log_mae", "log-MAE")):
         for i, (loss, metrics) in enumerate(summary.items()):
             means = [metrics[f"{s}/{key}"]["mean"] or 0.0 for s in splits]
             stds = [metrics[f"{s}/{key}"]["std"] or 0.0 for s in splits]

@@ -7,8 +7,11 @@ import json
 import sys
 
 # Defaults shared with `ntl-jax compare` (its defaults are this run at three losses).
-DEFAULTS = dict(preset="tiny", module="arithmetic__add_sub_multiple", steps=2000,
-                batch_size=32, learning_rate=2e-3, warmup_steps=100,
+# arithmetic__add_or_sub rather than the paper's add_sub_multiple ablation module: at
+# this CPU budget the tiny model learns the former (about 40% exact answers) while on
+# the latter it predicts one constant answer for every question.
+DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
+                batch_size=32, learning_rate=3e-3, warmup_steps=100,
                 train_examples=20_000, eval_examples=500)
 LOSSES = ("ce", "ntl-was", "ntl-mse", "ntl-mae", "ntl-huber", "ntl-number-level")
 PRESETS = ("micro", "tiny", "small", "base")

@@ -12,14 +12,14 @@ import numpy as np
 from ntl_jax.train.data import EOS_ID, EvalSet
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_length"))
-def greedy_decode(model, params, encoder_input_tokens: jax.Array, max_length: int) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("model", "max_length", "use_cache"))
+def greedy_decode(model, params, encoder_input_tokens: jax.Array, max_length: int,
+                  use_cache: bool = True) -> jax.Array:
     """Argmax decoding: `[B, Lin]` inputs -> `[B, max_length]` ids, 0 after the first EOS.
 
-    The encoder runs once; the causal decoder re-runs on a fixed-length buffer at every
-    position (no key/value cache). For the short answers here that costs little and
-    keeps the network free of decoding state; later positions of the buffer cannot
-    influence earlier ones, so the tokens equal cached greedy decoding's.
+    The encoder runs once. With `use_cache` the decoder runs one position per step on
+    its key/value cache (`decode=True`); without, it re-runs on the whole fixed-length
+    buffer at every step (slower, no decoding state). Both give the same tokens.
     """
     variables = {"params": params}
     encoded = model.apply(variables, encoder_input_tokens, enable_dropout=False,
@@ -27,20 +27,45 @@ def greedy_decode(model, params, encoder_input_tokens: jax.Array, max_length: in
     batch = encoder_input_tokens.shape[0]
     # All-ones targets: only the causal mask applies while decoding.
     ones = jnp.ones((batch, max_length), jnp.int32)
-
-    def body(i, carry):
-        out, done = carry
-        dec_in = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))  # shift right, 0 is BOS
-        logits = model.apply(variables, encoded, encoder_input_tokens, dec_in, ones,
-                             enable_dropout=False, method=model.decode)
-        token = jnp.argmax(logits[:, i], axis=-1).astype(jnp.int32)
-        token = jnp.where(done, 0, token)
-        out = out.at[:, i].set(token)
-        return out, done | (token == EOS_ID)
-
     out = jnp.zeros((batch, max_length), jnp.int32)
-    out, _ = jax.lax.fori_loop(0, max_length, body, (out, jnp.zeros((batch,), bool)))
-    return out
+    done = jnp.zeros((batch,), bool)
+
+    def pick(i, logits, out, done):
+        token = jnp.where(done, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+        return out.at[:, i].set(token), done | (token == EOS_ID), token
+
+    if not use_cache:
+        def body(i, carry):
+            out, done = carry
+            dec_in = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))  # shift right, 0 is BOS
+            logits = model.apply(variables, encoded, encoder_input_tokens, dec_in, ones,
+                                 enable_dropout=False, method=model.decode)
+            out, done, _ = pick(i, logits[:, i], out, done)
+            return out, done
+
+        return jax.lax.fori_loop(0, max_length, body, (out, done))[0]
+
+    def decode_step(cache, tokens):
+        logits, mutated = model.apply(
+            {"params": params, "cache": cache}, encoded, encoder_input_tokens, tokens,
+            ones[:, : tokens.shape[1]], enable_dropout=False, decode=True,
+            max_decode_length=max_length, method=model.decode, mutable=["cache"])
+        return logits, mutated["cache"]
+
+    # A first call on the full length only allocates the cache.
+    _, cache = model.apply(variables, encoded, encoder_input_tokens, out, ones,
+                           enable_dropout=False, decode=True, max_decode_length=max_length,
+                           method=model.decode, mutable=["cache"])
+    cache = cache["cache"]
+
+    def cached_body(i, carry):
+        out, done, prev, cache = carry
+        logits, cache = decode_step(cache, prev)
+        out, done, token = pick(i, logits[:, 0], out, done)
+        return out, done, token[:, None], cache
+
+    start = jnp.zeros((batch, 1), jnp.int32)  # BOS
+    return jax.lax.fori_loop(0, max_length, cached_body, (out, done, start, cache))[0]
 
 
 def decode_texts(vocabulary, ids: np.ndarray) -> list[str]:

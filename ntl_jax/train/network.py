@@ -177,7 +177,14 @@ class MultiHeadAttention(nn.Module):
 
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array | None,
-                 deterministic: bool) -> Array:
+                 deterministic: bool, decode: bool = False) -> Array:
+        """Attends `inputs_q` to `inputs_kv`; `bias` is `[B or 1, H, Lq, Lk]` or None.
+
+        With `decode=True` (self-attention only) the keys and values are kept in the
+        "cache" collection: the first call, on the full-length input, only allocates it;
+        each later call takes one position, appends it and attends to the positions so
+        far, taking row `i` of the full-length `bias`.
+        """
         features = inputs_q.shape[-1]
         kernel = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 
@@ -191,6 +198,24 @@ class MultiHeadAttention(nn.Module):
         q = proj("query", inputs_q, query_init)
         k = proj("key", inputs_kv, kernel)
         v = proj("value", inputs_kv, kernel)
+        if decode:
+            initialized = self.has_variable("cache", "cached_key")
+            cached_key = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+            cached_value = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+            cache_index = self.variable("cache", "cache_index",
+                                        lambda: jnp.zeros((), jnp.int32))
+            if initialized:
+                if inputs_q.shape[1] != 1:
+                    raise ValueError(f"decode=True takes one position per call, got "
+                                     f"{inputs_q.shape[1]}")
+                i = cache_index.value
+                k = jax.lax.dynamic_update_slice(cached_key.value, k, (0, i, 0, 0))
+                v = jax.lax.dynamic_update_slice(cached_value.value, v, (0, i, 0, 0))
+                cached_key.value, cached_value.value, cache_index.value = k, v, i + 1
+                visible = jnp.where(jnp.arange(k.shape[1]) <= i, 0.0, NEG_INF)
+                row = (0.0 if bias is None
+                       else jax.lax.dynamic_slice_in_dim(bias, i, 1, axis=2))
+                bias = row + visible[None, None, None, :]
         logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
         if bias is not None:
             logits = logits + bias
@@ -247,12 +272,12 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, encoded: Array, self_bias: Array, cross_bias: Array | None,
-                 deterministic: bool) -> Array:
+                 deterministic: bool, decode: bool = False) -> Array:
         cfg = self.config
         drop = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = RMSNorm(dtype=cfg.dtype, name="pre_self_attention_layer_norm")(x)
         h = MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
-                               name="self_attention")(h, h, self_bias, deterministic)
+                               name="self_attention")(h, h, self_bias, deterministic, decode)
         x = x + drop(h, deterministic=deterministic)
         h = RMSNorm(dtype=cfg.dtype, name="pre_cross_attention_layer_norm")(x)
         h = MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
@@ -291,19 +316,22 @@ class Decoder(nn.Module):
     shared_embedding: nn.Module
 
     @nn.compact
-    def __call__(self, encoded: Array, decoder_input_tokens: Array, self_mask: Array,
-                 cross_mask: Array | None, deterministic: bool) -> Array:
+    def __call__(self, encoded: Array, decoder_input_tokens: Array, self_mask: Array | None,
+                 cross_mask: Array | None, deterministic: bool, decode: bool = False,
+                 max_decode_length: int | None = None) -> Array:
         cfg = self.config
         rel = RelativePositionBiases(cfg.num_heads, False, cfg.relative_attention_num_buckets,
                                      cfg.relative_attention_max_distance, name="relpos_bias")
-        length = decoder_input_tokens.shape[-1]
-        self_bias = rel(length, length) + mask_to_bias(self_mask)
+        length = max_decode_length if decode else decoder_input_tokens.shape[-1]
+        self_bias = rel(length, length)
+        if self_mask is not None:
+            self_bias = self_bias + mask_to_bias(self_mask)
         cross_bias = mask_to_bias(cross_mask)
         x = self.shared_embedding(decoder_input_tokens.astype(jnp.int32)).astype(cfg.dtype)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         for i in range(cfg.num_decoder_layers):
             x = DecoderLayer(cfg, name=f"layers_{i}")(x, encoded, self_bias, cross_bias,
-                                                      deterministic)
+                                                      deterministic, decode)
         x = RMSNorm(dtype=cfg.dtype, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         if cfg.logits_via_embedding:
@@ -355,17 +383,24 @@ class Transformer(nn.Module):
                decoder_segment_ids: Array | None = None, decoder_positions: Array | None = None,
                *, enable_dropout: bool = True, decode: bool = False,
                max_decode_length: int | None = None) -> Array:
-        """Teacher-forced decoder pass: `[B, Ltgt]` inputs -> `[B, Ltgt, V]` f32 logits.
+        """Decoder pass -> `[B, Ltgt, V]` f32 logits.
 
-        `decode=True` (T5X's incremental decoding with a key/value cache) is not
-        implemented: greedy decoding here re-runs the causal decoder on a fixed-length
-        buffer, which gives the same tokens (see `ntl_jax.train.evaluate`).
+        Teacher-forced by default. With `decode=True` (incremental decoding, as T5X's
+        `decode`): initialise the "cache" collection by calling once on full-length
+        `[B, max_decode_length]` inputs with `mutable=["cache"]`, then call with one
+        position `[B, 1]` at a time; `max_decode_length` is required.
         """
-        del decoder_positions, max_decode_length  # relative positions come from the layout
+        del decoder_positions  # relative positions come from the layout, as in T5X
         if decode:
-            raise NotImplementedError(
-                "decode=True (cached incremental decoding) is not supported by this network; "
-                "use ntl_jax.train.evaluate.greedy_decode, which needs no cache")
+            if max_decode_length is None:
+                raise ValueError("decode=True needs max_decode_length")
+            # The cache masks future positions; only the encoder padding matters here.
+            self_mask = None
+            cross_mask = make_attention_mask(jnp.ones_like(decoder_target_tokens) > 0,
+                                             encoder_input_tokens > 0)
+            return self.decoder(encoded, decoder_input_tokens, self_mask, cross_mask,
+                                deterministic=not enable_dropout, decode=True,
+                                max_decode_length=max_decode_length)
         batch, length = decoder_input_tokens.shape
         self_mask = combine_masks(
             causal_mask(length, batch),

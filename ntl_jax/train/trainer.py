@@ -93,6 +93,29 @@ def padded_number_tokens(vocabulary, vocab_size: int):
     return ntl_jax.NumberTokens(values, nt.ids, nt.number_values, dot_id=nt.dot_id)
 
 
+# Built steps by configuration: a resumed or repeated run in the same process (tests,
+# `compare` reruns) reuses the compiled step instead of compiling it again.
+_STEP_CACHE: dict = {}
+
+
+def _optimizer_and_step(config: TrainConfig, model, vocabulary, number_tokens):
+    key = (model.config, config.optimizer, config.learning_rate, config.steps,
+           config.warmup_steps, config.schedule, config.weight_decay, config.clip_norm,
+           config.loss, config.ntl_weight, config.z_loss, id(vocabulary))
+    if key not in _STEP_CACHE:
+        optimizer = optim.make_optimizer(
+            config.optimizer, learning_rate=config.learning_rate, total_steps=config.steps,
+            warmup_steps=config.warmup_steps, schedule=config.schedule,
+            weight_decay=config.weight_decay, clip_norm=config.clip_norm)
+        train_step = step_lib.make_train_step(
+            model, optimizer, number_tokens, loss=config.loss, ntl_weight=config.ntl_weight,
+            z_loss=config.z_loss)
+        _STEP_CACHE.clear()  # keep one: a long-lived process should not pile them up
+        # The vocabulary is kept alive with the entry so its id cannot be reused.
+        _STEP_CACHE[key] = (optimizer, train_step, vocabulary)
+    return _STEP_CACHE[key][:2]
+
+
 def _mean(records: list[dict]) -> dict[str, float]:
     host = jax.device_get(records)
     return {k: float(np.mean([r[k] for r in host])) for k in host[0]}
@@ -135,13 +158,7 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | 
                                        dropout_rate=config.dropout_rate)
     model = network.Transformer(model_config)
     number_tokens = padded_number_tokens(vocabulary, model_config.vocab_size)
-    optimizer = optim.make_optimizer(
-        config.optimizer, learning_rate=config.learning_rate, total_steps=config.steps,
-        warmup_steps=config.warmup_steps, schedule=config.schedule,
-        weight_decay=config.weight_decay, clip_norm=config.clip_norm)
-    train_step = step_lib.make_train_step(
-        model, optimizer, number_tokens, loss=config.loss, ntl_weight=config.ntl_weight,
-        z_loss=config.z_loss)
+    optimizer, train_step = _optimizer_and_step(config, model, vocabulary, number_tokens)
 
     state = step_lib.create_train_state(model, optimizer, data.batch(0), config.seed)
     checkpointer = Checkpointer(os.path.join(out_dir, "checkpoints"))

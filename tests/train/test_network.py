@@ -102,11 +102,32 @@ def test_packed_segments_equal_separate_runs():
     np.testing.assert_allclose(logits[:, 2:], single(b_in, b_out), atol=1e-5)
 
 
-def test_bad_preset_and_decode_flag():
+def test_bad_preset_and_decode_without_length():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         network.make_config("huge", vocab_size=10)
     cfg = network.make_config("micro", vocab_size=10)
     model, params = _init(cfg)
-    with pytest.raises(NotImplementedError, match="decode=True"):
+    with pytest.raises(ValueError, match="max_decode_length"):
         model.apply({"params": params}, jnp.ones((1, 2), jnp.int32), jnp.ones((1, 2), jnp.int32),
                     jnp.ones((1, 2), jnp.int32), enable_dropout=False, decode=True)
+
+
+def test_cached_greedy_decoding_equals_uncached_and_teacher_forcing():
+    from ntl_jax.train.evaluate import greedy_decode
+
+    cfg = network.make_config("micro", vocab_size=40)
+    model, params = _init(cfg)
+    # Larger weights than at init so the argmax path is not trivially constant.
+    params = jax.tree_util.tree_map(lambda x: x * 3.0, params)
+    enc = jnp.asarray(np.random.default_rng(1).integers(2, 40, (4, 6)), jnp.int32)
+    cached = greedy_decode(model, params, enc, 7, use_cache=True)
+    uncached = greedy_decode(model, params, enc, 7, use_cache=False)
+    np.testing.assert_array_equal(cached, uncached)
+    # Teacher-forcing the decoded tokens reproduces them as the argmax (before any EOS).
+    dec_in = jnp.pad(cached[:, :-1], ((0, 0), (1, 0)))
+    logits = model.apply({"params": params}, enc, dec_in, jnp.ones_like(cached),
+                         enable_dropout=False)
+    first = np.asarray(jnp.argmax(logits, -1))
+    for row, ref in zip(np.asarray(cached), first):
+        n = list(row).index(1) + 1 if 1 in row else len(row)
+        np.testing.assert_array_equal(row[:n], ref[:n])
