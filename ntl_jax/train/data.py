@@ -86,7 +86,7 @@ class DataConfig:
     batch_size: int = 64
     seed: int = 0
     max_input_length: int = 160
-    max_target_length: int = 24
+    max_target_length: int = 32  # DeepMind answers have at most 30 characters, + EOS
 
 
 @dataclasses.dataclass
