@@ -147,13 +147,9 @@ def _was_per_position(logits, targets, number_tokens, *, reweigh, squash_factor,
     is_number, y = target_values(targets, number_tokens)
     log_p, number_logits = _number_log_probs(logits, number_tokens)
     v = jnp.asarray(number_tokens.number_values, jnp.float32)
-    dist = jnp.abs(y[..., None] - v)
+    # The target's row of the distance table, without gathering rows of it.
+    dist = number_tokens.squash(jnp.abs(y[..., None] - v), squash_factor)
     if squash_factor is not None:
-        # The same affine map as NumberTokens.distance_table, applied to the target's row.
-        table = jnp.abs(v[:, None] - v[None, :])
-        closest = jnp.min(jnp.where(table == 0, jnp.finfo(jnp.float32).max, table))
-        scale = (squash_factor - 1.0) / (jnp.max(table) - closest)
-        dist = jnp.where(dist == 0, 0.0, 1.0 + (dist - closest) * scale)
         max_dist = jnp.asarray(squash_factor, jnp.float32)
     else:
         max_dist = jnp.max(v) - jnp.min(v)

@@ -151,14 +151,23 @@ class NumberTokens:
         closest wrong token costs 1 and the farthest costs s; the diagonal stays 0.
         """
         v = jnp.asarray(self.number_values, jnp.float32)
-        diff = jnp.abs(v[:, None] - v[None, :])
+        return self.squash(jnp.abs(v[:, None] - v[None, :]), squash_factor)
+
+    def squash(self, distances: jax.Array, squash_factor: float | None) -> jax.Array:
+        """Maps |v_i - v_j| distances (any shape) to their squashed costs.
+
+        Off-diagonal distances are mapped linearly so the closest wrong token of the
+        table costs 1 and the farthest costs `squash_factor`; a zero distance stays 0.
+        None leaves the distances as they are.
+        """
         if squash_factor is None:
-            return diff
+            return distances
         check_squash_factor(squash_factor)
-        closest = jnp.min(jnp.where(diff == 0, jnp.finfo(jnp.float32).max, diff))
-        farthest = jnp.max(diff)
-        scale = (squash_factor - 1.0) / (farthest - closest)
-        return jnp.where(diff == 0, 0.0, 1.0 + (diff - closest) * scale)
+        v = jnp.asarray(self.number_values, jnp.float32)
+        table = jnp.abs(v[:, None] - v[None, :])
+        closest = jnp.min(jnp.where(table == 0, jnp.finfo(jnp.float32).max, table))
+        scale = (squash_factor - 1.0) / (jnp.max(table) - closest)
+        return jnp.where(distances == 0, 0.0, 1.0 + (distances - closest) * scale)
 
     def __repr__(self) -> str:
         return (
