@@ -83,6 +83,26 @@ def _check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level
 class _NTLLossMixin:
     """The shared `loss_fn`; mixed in before a stock T5X transformer model."""
 
+    def __init__(
+        self,
+        *args,
+        ntl_weight: float = 0.3,
+        ntl_kind: str = "was",
+        reweigh: bool = False,
+        squash_factor: Optional[float] = None,
+        digit_level: bool = True,
+        **kwargs,
+    ):
+        # The stock model's own arguments (module, vocabularies, ...) pass through.
+        super().__init__(*args, **kwargs)
+        self._configure_ntl(
+            ntl_weight=ntl_weight,
+            ntl_kind=ntl_kind,
+            reweigh=reweigh,
+            squash_factor=squash_factor,
+            digit_level=digit_level,
+        )
+
     def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level):
         _check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level)
         self._ntl_weight = float(ntl_weight)
@@ -233,25 +253,6 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
     The number tokens come from `output_vocabulary`.
     """
 
-    def __init__(
-        self,
-        *args,
-        ntl_weight: float = 0.3,
-        ntl_kind: str = "was",
-        reweigh: bool = False,
-        squash_factor: Optional[float] = None,
-        digit_level: bool = True,
-        **kwargs,
-    ):
-        super().__init__(*args, **kwargs)
-        self._configure_ntl(
-            ntl_weight=ntl_weight,
-            ntl_kind=ntl_kind,
-            reweigh=reweigh,
-            squash_factor=squash_factor,
-            digit_level=digit_level,
-        )
-
 
 class NTLDecoderOnlyModel(_NTLLossMixin, models.DecoderOnlyModel):
     """`t5x.models.DecoderOnlyModel` trained with cross-entropy + NTL.
@@ -261,22 +262,3 @@ class NTLDecoderOnlyModel(_NTLLossMixin, models.DecoderOnlyModel):
     `NTLEncoderDecoderModel`, the rest as `t5x.models.DecoderOnlyModel`
     (module, vocabulary, optimizer_def, ...).
     """
-
-    def __init__(
-        self,
-        *args,
-        ntl_weight: float = 0.3,
-        ntl_kind: str = "was",
-        reweigh: bool = False,
-        squash_factor: Optional[float] = None,
-        digit_level: bool = True,
-        **kwargs,
-    ):
-        super().__init__(*args, **kwargs)
-        self._configure_ntl(
-            ntl_weight=ntl_weight,
-            ntl_kind=ntl_kind,
-            reweigh=reweigh,
-            squash_factor=squash_factor,
-            digit_level=digit_level,
-        )
