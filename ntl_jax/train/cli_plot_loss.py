@@ -14,25 +14,11 @@ import sys
 
 import numpy as np
 
-
-def digit_in_range(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a digit 0-9, got {text!r}") from None
-    if not 0 <= value <= 9:
-        raise argparse.ArgumentTypeError(f"expected a digit 0-9, got {value}")
-    return value
+from ntl_jax.train.cli_train import checked
 
 
-def probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a probability, got {text!r}") from None
-    if not 0.1 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a probability in (0.1, 1), got {value}")
-    return value
+digit_in_range = checked(int, lambda v: 0 <= v <= 9, "a digit 0-9")
+probability = checked(float, lambda v: 0.1 < v < 1, "a probability in (0.1, 1)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

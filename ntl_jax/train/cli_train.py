@@ -17,44 +17,26 @@ LOSSES = ("ce", "ntl-was", "ntl-mse", "ntl-mae", "ntl-huber", "ntl-number-level"
 PRESETS = ("micro", "tiny", "small", "base")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def checked(convert, is_valid, expected: str):
+    """An argparse `type` that converts with `convert` and rejects values failing
+    `is_valid`, with a message saying what was `expected` and what came."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not is_valid(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
+positive_int = checked(int, lambda v: v >= 1, "a positive integer")
+non_negative_int = checked(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = checked(float, lambda v: v > 0, "a positive number")
+non_negative_float = checked(float, lambda v: v >= 0, "a number >= 0")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict) -> None:
