@@ -271,8 +271,10 @@ def write_release(output_dir: str, train_modules, extrapolate_modules=(), *,
     handles: dict[int, object] = {}
     try:
         if workers > 1:
-            # fork keeps the shims and the parent's imports; chunks come back in order.
-            pool = mp.get_context("fork").Pool(workers, initializer=compat.apply)
+            # spawn, not fork: the caller may have JAX's threads running, and forking
+            # those can deadlock. Workers apply the shims themselves; chunks come back
+            # in order.
+            pool = mp.get_context("spawn").Pool(workers, initializer=compat.apply)
             results = pool.imap(_chunk_text, jobs)
         else:
             pool = None
