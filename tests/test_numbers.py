@@ -92,3 +92,13 @@ def test_is_a_pytree_usable_inside_jit():
     leaves, treedef = jax.tree_util.tree_flatten(nt)
     rebuilt = jax.tree_util.tree_unflatten(treedef, leaves)
     assert rebuilt.dot_id == nt.dot_id and rebuilt.ids.tolist() == [1, 2, 3, 4]
+
+
+def test_padded_to_adds_non_number_ids():
+    nt = NumberTokens.from_pieces(["a", "1", ".", "2"])
+    padded = nt.padded_to(6)
+    assert padded.vocab_size == 6 and padded.ids.tolist() == [1, 3] and padded.dot_id == 2
+    assert np.isnan(padded.values[4:]).all() and padded.values[3] == 2.0
+    assert nt.padded_to(4) is nt
+    with pytest.raises(ValueError, match=r"at least the vocabulary's 4 entries, got 3"):
+        nt.padded_to(3)

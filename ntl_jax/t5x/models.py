@@ -37,21 +37,8 @@ NTL_KINDS = ("was", "mse", "mae", "huber", "number_level", "number_level_float",
 
 
 def padded_number_tokens(number_tokens: NumberTokens, vocab_size: int) -> NumberTokens:
-    """`number_tokens` widened to `vocab_size` ids; the extra ids are not numbers.
-
-    T5X networks round the vocabulary up (e.g. 32100 -> 32128, 259 -> 384), so the
-    logits have more entries than the vocabulary has pieces.
-    """
-    if vocab_size == number_tokens.vocab_size:
-        return number_tokens
-    if vocab_size < number_tokens.vocab_size:
-        raise ValueError(
-            f"expected logits with at least the output vocabulary's {number_tokens.vocab_size} "
-            f"entries, got {vocab_size}; set network.T5Config.vocab_size to at least that"
-        )
-    values = np.full((vocab_size,), np.nan, dtype=np.float32)
-    values[: number_tokens.vocab_size] = np.asarray(number_tokens.values)
-    return NumberTokens(values, number_tokens.ids, number_tokens.number_values, dot_id=number_tokens.dot_id)
+    """`number_tokens` widened to the network's (rounded-up) vocabulary size."""
+    return number_tokens.padded_to(vocab_size)
 
 
 def padded_vocab_size(vocabulary: Any, multiple: int = 128) -> int:

@@ -85,12 +85,7 @@ def padded_number_tokens(vocabulary, vocab_size: int):
     """`NumberTokens` of `vocabulary`, extended with non-number rows to the model's size."""
     import ntl_jax
 
-    nt = ntl_jax.NumberTokens.from_vocabulary(vocabulary)
-    extra = vocab_size - nt.vocab_size
-    if extra < 0:
-        raise ValueError(f"model vocab_size {vocab_size} < vocabulary size {nt.vocab_size}")
-    values = np.concatenate([np.asarray(nt.values), np.full((extra,), np.nan, np.float32)])
-    return ntl_jax.NumberTokens(values, nt.ids, nt.number_values, dot_id=nt.dot_id)
+    return ntl_jax.NumberTokens.from_vocabulary(vocabulary).padded_to(vocab_size)
 
 
 # Built steps by configuration: a resumed or repeated run in the same process (tests,
