@@ -3,7 +3,8 @@
 Names (`<module>` as in `ntl_jax.data.TRAIN_MODULES`):
 
 * `ntl_math_<module>`: the digit-split SentencePiece vocabulary shipped in the package
-  (`ntl_jax.vocab.default_vocabulary()`); `ntl_math_<module>_byte`: `seqio.ByteVocabulary`.
+  (`ntl_jax.seqio_vocab.sentencepiece_vocabulary()`); `ntl_math_<module>_byte`:
+  `seqio.ByteVocabulary`.
   Splits `train`, `validation`, `test_interpolate`, and `test_extrapolate` where the
   module has an extrapolation set.
 * `ntl_math_<extrapolation module>` (+ `_byte`) for extrapolation sets whose name is not
@@ -29,7 +30,7 @@ import seqio
 import tensorflow as tf
 
 from ntl_jax import metrics
-from ntl_jax import vocab
+from ntl_jax import seqio_vocab
 from ntl_jax.data import catalogue
 from ntl_jax.data import reader
 
@@ -42,7 +43,7 @@ _Part = tuple
 
 
 def _output_features(byte: bool) -> dict[str, seqio.Feature]:
-    v = vocab.byte_vocabulary() if byte else vocab.default_vocabulary()
+    v = seqio_vocab.byte_vocabulary() if byte else seqio_vocab.sentencepiece_vocabulary()
     return {
         "inputs": seqio.Feature(vocabulary=v, add_eos=True, required=True),
         "targets": seqio.Feature(vocabulary=v, add_eos=True),

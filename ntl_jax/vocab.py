@@ -1,214 +1,116 @@
-"""Vocabularies in which every digit is one token.
+"""The shipped digit-level SentencePiece vocabulary, with `sentencepiece` alone.
 
-* `default_vocabulary()`: the SentencePiece model shipped in `ntl_jax/vocab_assets`
-  (trained on generated mathematics text with `split_digits=True`, digits as fixed
-  symbols, pad 0 / eos 1 / unk 2; regenerate with `scripts/make_vocab.py`).
-* `DigitSplitVocabulary(base)`: makes any seqio vocabulary digit-level the way the
-  paper's T5 tokenizer did: every piece containing a digit is split into single
-  characters. Use it to fine-tune public T5 checkpoints with their own vocabulary.
-* `seqio.ByteVocabulary` is digit-level as it is (digits are ids 51..60).
+`default_vocabulary()` reads the model in `ntl_jax/vocab_assets` (trained on generated
+mathematics text with `split_digits=True`, digits as fixed symbols, pad 0 / eos 1 /
+unk 2; regenerate with `scripts/make_vocab.py`). It needs neither seqio nor
+TensorFlow, so the trainer installs without them; it encodes and decodes like
+`seqio.SentencePieceVocabulary` on the same model (the SeqIO tasks' vocabulary,
+`ntl_jax.seqio_vocab.sentencepiece_vocabulary()`).
 
-`ntl_jax.NumberTokens.from_vocabulary` accepts all three and finds exactly ten digit
-tokens.
+The seqio vocabularies (`DigitSplitVocabulary`, `byte_vocabulary`) are in
+`ntl_jax.seqio_vocab`. `ntl_jax.NumberTokens.from_vocabulary` accepts all of them and
+finds exactly ten digit tokens.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from typing import Any, Sequence
+from typing import Any, Iterable
 
 import numpy as np
-import seqio
-import tensorflow as tf
 
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vocab_assets")
 DEFAULT_SPM_PATH = os.path.join(ASSETS_DIR, "ntl_math.model")
 
-_HAS_DIGIT = re.compile(r"\d")
-_DIGIT_OR_RUN = re.compile(r"\d|\D+")
 
+class SentencePieceVocabulary:
+    """A SentencePiece model as a vocabulary: `encode(str) -> list[int]`,
+    `decode(ids) -> str`, `id_to_piece(i)`, `vocab_size` and the special ids.
 
-def default_vocabulary(extra_ids: int = 0) -> seqio.SentencePieceVocabulary:
-    """The shipped digit-split SentencePiece vocabulary (1,000 pieces + `extra_ids`)."""
-    return seqio.SentencePieceVocabulary(DEFAULT_SPM_PATH, extra_ids=extra_ids)
-
-
-def byte_vocabulary() -> seqio.ByteVocabulary:
-    """`seqio.ByteVocabulary()`: 259 ids, digits '0'..'9' are ids 51..60."""
-    return seqio.ByteVocabulary()
-
-
-class DigitSplitVocabulary(seqio.Vocabulary):
-    """Wraps a seqio vocabulary so that every digit is encoded as its own token.
-
-    Encoding runs the base vocabulary, then replaces every ordinary piece that
-    contains a digit (e.g. T5's `▁17` or `-3`) by the ids of its single characters
-    (`▁`, `1`, `7`), following the paper's T5 tokenizer. A character the base
-    vocabulary lacks is kept in the largest known run instead, and a piece that cannot
-    be split that way is left whole, so `decode(encode(s)) == decode_base(encode_base(s))`.
-    Ids, special ids, `vocab_size` and decoding are the base vocabulary's, so a model
-    or checkpoint built for the base vocabulary works unchanged.
-
-    >>> vocab = DigitSplitVocabulary(default_vocabulary())
-    >>> [vocab.id_to_piece(i) for i in vocab.encode("-17.5")]
-    ['▁-', '1', '7', '.', '5']
+    Decoding follows seqio's `SentencePieceVocabulary.decode`: ids outside the model
+    (e.g. a network's vocabulary padded to a multiple of 128) decode as the unknown
+    token, everything after the first EOS is dropped, and pad / EOS decode to nothing.
+    The processor is loaded lazily and left out of pickles.
     """
 
-    def __init__(self, base: seqio.Vocabulary):
-        if not isinstance(base, seqio.Vocabulary):
-            raise TypeError(f"expected a seqio.Vocabulary, got {type(base).__name__}")
-        if isinstance(base, DigitSplitVocabulary):
-            base = base.base
-        self._base = base
-        self._tables = None
-        super().__init__(extra_ids=0)
+    def __init__(self, model_file: str = DEFAULT_SPM_PATH):
+        self._model_file = os.fspath(model_file)
+        self._processor = None
 
-    # ---- identity -------------------------------------------------------------------
     @property
-    def base(self) -> seqio.Vocabulary:
-        return self._base
+    def model_file(self) -> str:
+        return self._model_file
 
+    @property
+    def tokenizer(self):
+        """The `sentencepiece.SentencePieceProcessor` (loaded on first use)."""
+        if self._processor is None:
+            import sentencepiece
+
+            self._processor = sentencepiece.SentencePieceProcessor(model_file=self._model_file)
+        return self._processor
+
+    # ---- pickling and identity --------------------------------------------------------
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_tables"] = None  # rebuilt lazily; keeps pickles (gin) small
+        state["_processor"] = None
         return state
 
     def __eq__(self, other):
-        return isinstance(other, DigitSplitVocabulary) and self._base == other._base
+        return (isinstance(other, SentencePieceVocabulary)
+                and os.path.realpath(self._model_file) == os.path.realpath(other._model_file))
 
     def __hash__(self):
-        return hash((type(self).__name__, str(self._base)))
+        return hash((type(self).__name__, os.path.realpath(self._model_file)))
 
-    def __str__(self) -> str:
-        return f"DigitSplitVocabulary({self._base})"
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._model_file!r})"
 
-    # ---- sizes and special ids: the base vocabulary's ---------------------------------
+    # ---- sizes and special ids --------------------------------------------------------
     @property
     def vocab_size(self) -> int:
-        return self._base.vocab_size
-
-    @property
-    def _base_vocab_size(self) -> int:
-        return self._base.vocab_size
-
-    @property
-    def extra_ids(self) -> int:
-        return self._base.extra_ids
-
-    @property
-    def eos_id(self):
-        return self._base.eos_id
-
-    @property
-    def unk_id(self):
-        return self._base.unk_id
+        return int(self.tokenizer.get_piece_size())
 
     @property
     def pad_id(self) -> int:
-        return self._base.pad_id
+        return int(self.tokenizer.pad_id())
 
     @property
-    def bos_id(self):
-        try:
-            return self._base.bos_id
-        except NotImplementedError:
-            return None
+    def eos_id(self) -> int:
+        return int(self.tokenizer.eos_id())
 
-    # ---- pieces ----------------------------------------------------------------------
-    def _sp(self):
-        return getattr(self._base, "tokenizer", None) if isinstance(
-            self._base, seqio.SentencePieceVocabulary) else None
+    @property
+    def unk_id(self) -> int:
+        return int(self.tokenizer.unk_id())
 
-    def _build_tables(self):
-        """`(pieces, piece -> id, splittable mask)` over the whole vocabulary."""
-        if self._tables is not None:
-            return self._tables
-        sp = self._sp()
-        pieces: list[str] = []
-        splittable = np.zeros(self.vocab_size, dtype=bool)
-        for i in range(self.vocab_size):
-            if sp is not None and i < sp.get_piece_size():
-                piece = sp.id_to_piece(i)
-                # Special, unknown, byte-fallback (<0x31>) and extra-id pieces are never split.
-                normal = not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i)
-                              or sp.is_unused(i) or piece.startswith("<extra_id_"))
-            else:
-                piece = self._base.decode([i]) if i not in (self.pad_id, self.eos_id) else ""
-                normal = i != self.unk_id and i < self._base._base_vocab_size
-            pieces.append(piece)
-            splittable[i] = normal and len(piece) > 1 and bool(_HAS_DIGIT.search(piece))
-        lookup: dict[str, int] = {}
-        for i, piece in enumerate(pieces):
-            if piece and piece not in lookup and i not in (self.pad_id, self.eos_id, self.unk_id):
-                lookup[piece] = i
-        self._tables = (pieces, lookup, splittable)
-        return self._tables
+    @property
+    def bos_id(self) -> int:
+        return int(self.tokenizer.bos_id())  # -1: the shipped model has none
 
+    # ---- pieces, encoding, decoding ---------------------------------------------------
     def id_to_piece(self, i: int) -> str:
-        """The string of token `i` (SentencePiece piece, or the decoded token)."""
-        pieces, _, _ = self._build_tables()
-        if not 0 <= int(i) < len(pieces):
-            raise ValueError(f"expected a token id in [0, {len(pieces)}), got {i}")
-        return pieces[int(i)]
+        """The piece of token `i` (e.g. '▁What', '7', '<pad>')."""
+        i = int(i)
+        if not 0 <= i < self.vocab_size:
+            raise ValueError(f"expected a token id in [0, {self.vocab_size}), got {i}")
+        return self.tokenizer.id_to_piece(i)
 
-    def _split_piece(self, piece: str, original: int) -> list[int]:
-        _, lookup, _ = self._build_tables()
-        chars = [lookup.get(c) for c in piece]
-        if all(c is not None for c in chars):
-            return chars  # the paper's rule: one token per character
-        out: list[int] = []
-        for run in _DIGIT_OR_RUN.findall(piece):
-            if run in lookup:
-                out.append(lookup[run])
-            elif all(c in lookup for c in run):
-                out.extend(lookup[c] for c in run)
-            else:
-                return [original]  # cannot be split without unknown tokens
-        return out
+    def encode(self, s: str) -> list[int]:
+        return [int(i) for i in self.tokenizer.encode(s)]
 
-    # ---- seqio.Vocabulary ------------------------------------------------------------
-    def _encode(self, s: str) -> Sequence[int]:
-        _, _, splittable = self._build_tables()
-        out: list[int] = []
-        for i in self._base.encode(s):
-            if 0 <= i < len(splittable) and splittable[i]:
-                out.extend(self._split_piece(self.id_to_piece(i), i))
-            else:
-                out.append(int(i))
-        return out
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids` up to the first EOS; unknown and out-of-range ids as ' ⁇ '."""
+        ids = np.asarray(ids).reshape(-1).tolist() if isinstance(ids, np.ndarray) else list(ids)
+        size, unk, eos = self.vocab_size, self.unk_id, self.eos_id
+        clean = [int(i) if 0 <= int(i) < size else unk for i in ids]
+        if eos in clean:
+            clean = clean[: clean.index(eos) + 1]
+        return self.tokenizer.decode(clean)
 
-    def decode(self, ids):
-        return self._base.decode(ids)
 
-    def _decode(self, ids):
-        return self._base.decode(ids)
-
-    def decode_tf(self, ids):
-        return self._base.decode_tf(ids)
-
-    def _decode_tf(self, ids):
-        return self._base.decode_tf(ids)
-
-    def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
-        """Encodes a scalar (-> `[n]`) or 1-D (-> ragged `[b, None]`) tf.string tensor."""
-        s = tf.convert_to_tensor(s, dtype=tf.string)
-
-        def encode_one(x):
-            x = x.item() if isinstance(x, np.ndarray) else x  # 0-d bytes array
-            return np.asarray(self._encode(x.decode("utf-8")), dtype=np.int32)
-
-        def encode_scalar(x):
-            ids = tf.numpy_function(encode_one, [x], tf.int32, stateful=False)
-            ids.set_shape([None])
-            return ids
-
-        if s.shape.rank == 0:
-            return encode_scalar(s)
-        if s.shape.rank == 1:
-            return tf.map_fn(encode_scalar, s,
-                             fn_output_signature=tf.RaggedTensorSpec([None], tf.int32))
-        raise ValueError(f"expected a scalar or 1-D string tensor, got shape {s.shape}")
+def default_vocabulary() -> SentencePieceVocabulary:
+    """The shipped digit-split SentencePiece vocabulary (1,000 pieces)."""
+    return SentencePieceVocabulary(DEFAULT_SPM_PATH)
 
 
 def digit_token_ids(vocabulary: Any) -> list[int]:

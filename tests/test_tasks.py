@@ -8,7 +8,7 @@ pytest.importorskip("mathematics_dataset")
 
 from ntl_jax import NumberTokens  # noqa: E402
 from ntl_jax import tasks  # noqa: E402  (registers the tasks)
-from ntl_jax import vocab  # noqa: E402
+from ntl_jax import seqio_vocab  # noqa: E402
 from ntl_jax.data import catalogue  # noqa: E402
 from ntl_jax.data import generate  # noqa: E402
 
@@ -35,7 +35,7 @@ def test_names_and_splits():
     paper13 = seqio.get_mixture_or_task("ntl_math_paper13")
     extrap = [t for t in paper13.tasks if "test_extrapolate" in t.splits]
     assert len(extrap) == 7 and len([t for t in paper13.tasks if "train" in t.splits]) == 13
-    assert add.output_features["targets"].vocabulary == vocab.default_vocabulary()
+    assert add.output_features["targets"].vocabulary == seqio_vocab.sentencepiece_vocabulary()
     assert [t.name for t in seqio.get_mixture_or_task("ntl_math_arithmetic_ablation_byte").tasks] == [
         "ntl_math_ablation__arithmetic__add_sub_multiple_byte"]
 
@@ -56,7 +56,7 @@ def test_generated_examples_match_the_task_and_digits_are_tokens():
     (ex,) = _first("ntl_math_arithmetic__add_sub_multiple", "test_extrapolate")
     q, a = generate.examples("arithmetic__add_sub_multiple", "test_extrapolate", 1)[0]
     assert ex["inputs_pretokenized"].decode() == q and ex["targets_pretokenized"].decode() == a
-    v = vocab.default_vocabulary()
+    v = seqio_vocab.sentencepiece_vocabulary()
     assert v.decode(ex["targets"].tolist()) == a
     nt = NumberTokens.from_vocabulary(v)
     digits = [c for c in a if c.isdigit()]

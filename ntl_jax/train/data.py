@@ -33,7 +33,7 @@ def default_example_source() -> Callable[[str, str, int, int], Iterable[tuple[st
 
 def default_vocabulary():
     """The digit-split SentencePiece vocabulary shipped with the package."""
-    from ntl_jax import vocab  # imported late: seqio imports TensorFlow
+    from ntl_jax import vocab
 
     return vocab.default_vocabulary()
 

@@ -115,7 +115,7 @@ def test_overlay_file_parses_after_a_model(gin_env, local_sentencepiece, monkeyp
         pytest.skip("ntl_jax.tasks is not available")
     base = "models/t5_1_1_tiny_ntl.gin" if name == "models/digit_vocab.gin" else "models/t5_1_1_tiny_byte_ntl.gin"
     if name == "models/digit_vocab.gin":
-        pytest.importorskip("ntl_jax.vocab")
+        pytest.importorskip("ntl_jax.seqio_vocab")
     bindings = _offline_bindings(local_sentencepiece) + ["MIXTURE_OR_TASK_NAME = 'any'", "TRAIN_STEPS = 1"]
     if "finetune" in name:
         bindings.append("INITIAL_CHECKPOINT_PATH = '/tmp/unused'")
