@@ -4,7 +4,32 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
+
+
+class _EventFile:
+    """A TensorBoard event file written with the `tensorboard` package's protos and
+    record format only. (Its `EventFileWriter` goes through `tensorboard.compat.tf`,
+    which imports all of TensorFlow when TensorFlow is installed: seconds of start-up.)"""
+
+    def __init__(self, log_dir: str):
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        os.makedirs(log_dir, exist_ok=True)
+        name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}"
+        self.event_pb2 = event_pb2
+        self._file = open(os.path.join(log_dir, name), "wb")
+        self._records = RecordWriter(self._file)
+        self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def add_event(self, event) -> None:
+        self._records.write(event.SerializeToString())
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class MetricsLog:
@@ -13,6 +38,7 @@ class MetricsLog:
     On resume from step `s`, records after `s` (written by the interrupted run after its
     last checkpoint) are dropped from the JSON file, and TensorBoard is told to discard
     its own (a `SessionLog.START` at `s + 1`), so both read like one uninterrupted run.
+    Without the `tensorboard` package only the JSON file is written.
     """
 
     def __init__(self, out_dir: str, resume_step: int | None = None, tensorboard: bool = True):
@@ -23,15 +49,16 @@ class MetricsLog:
             self._truncate_after(resume_step)
         self._tb = None
         if tensorboard:
-            from tensorboard.compat.proto import event_pb2
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-            self._event_pb2 = event_pb2
-            self._tb = EventFileWriter(os.path.join(out_dir, "tensorboard"))
-            if resume_step is not None:
-                self._tb.add_event(event_pb2.Event(
-                    wall_time=time.time(), step=resume_step + 1,
-                    session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+            try:
+                self._tb = _EventFile(os.path.join(out_dir, "tensorboard"))
+            except ImportError:
+                print("tensorboard is not installed: writing no TensorBoard events "
+                      f"(metrics go to {self.path})", flush=True)
+        if self._tb is not None and resume_step is not None:
+            event_pb2 = self._tb.event_pb2
+            self._tb.add_event(event_pb2.Event(
+                wall_time=time.time(), step=resume_step + 1,
+                session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
     def _truncate_after(self, step: int) -> None:
         if not os.path.exists(self.path):
@@ -50,7 +77,7 @@ class MetricsLog:
             summary = summary_pb2.Summary(value=[
                 summary_pb2.Summary.Value(tag=k, simple_value=float(v))
                 for k, v in values.items() if isinstance(v, (int, float))])
-            self._tb.add_event(self._event_pb2.Event(wall_time=time.time(), step=int(step),
+            self._tb.add_event(self._tb.event_pb2.Event(wall_time=time.time(), step=int(step),
                                                      summary=summary))
 
     def close(self) -> None:
