@@ -18,7 +18,7 @@ MICRO = ["--preset", "micro", "--train-examples", "16", "--eval-examples", "4",
 
 @pytest.fixture(scope="module")
 def real_data():
-    pytest.importorskip("seqio")
+    pytest.importorskip("sentencepiece")
     pytest.importorskip("mathematics_dataset")
 
 
