@@ -64,7 +64,12 @@ def test_stored_outputs_are_ntloss_today(name, kind, options, reduction, weighti
     ntloss = pytest.importorskip("ntloss")
     assert ntloss.__version__ == "0.3.2"
     live = cases.ntloss_output(kind, options, INPUTS, reduction, weighting)
-    np.testing.assert_allclose(live, STORED[f"{name}/{reduction}/{weighting}"], rtol=1e-6, atol=1e-7)
+    # Both sides are float32 torch results, but torch picks its SIMD kernels (AVX-512,
+    # AVX2, or none with ATEN_CPU_CAPABILITY=default) by CPU, and those round softmax and
+    # sums in another order. A per-position MSE/MAE/Huber loss is a difference of
+    # float32 expectations of values up to 12 (squares up to 169), so a few ulps of those
+    # (~1e-6 absolute) are up to ~7e-6 relative on a small loss. The live checks' bound:
+    np.testing.assert_allclose(live, STORED[f"{name}/{reduction}/{weighting}"], rtol=3e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
