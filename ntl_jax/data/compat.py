@@ -8,6 +8,10 @@ is edited. The fixes:
   polynomial sampler calls on the arrays it creates.
 * Python >= 3.12 rejects the integral floats that `round_number` passes to
   `random.randint`.
+* `six` (Python 2 compatibility, which `mathematics-dataset` imports everywhere) is
+  stood in for while the generator is imported when it is not installed, so the
+  trainer's environment does not need it; `absl-py`, its other dependency, comes with
+  JAX's libraries (optax, orbax-checkpoint).
 * Determinism: the generator picks variable letters with `random.choice(list(a_set))`
   and orders sub-expressions by iterating a set of `Entity` objects (hashed by memory
   address), so the same seed gave different questions in different processes. Letter
@@ -17,10 +21,13 @@ is edited. The fixes:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import itertools
 import random
+import sys
+import types
 
 import numpy as np
 
@@ -125,15 +132,72 @@ def apply() -> None:
     _APPLIED = True
 
 
+def _six_stand_in() -> types.ModuleType:
+    """The part of `six` that `mathematics-dataset` 1.0.1 uses, for Python 3."""
+    six = types.ModuleType("six", "ntl_jax's stand-in for six while mathematics_dataset imports")
+    moves = types.ModuleType("six.moves")
+    moves.range, moves.zip = range, zip
+    six.moves = moves
+    six.PY2, six.PY3 = False, True
+    six.integer_types, six.string_types = (int,), (str,)
+    six.iteritems = lambda d, **kw: iter(d.items(**kw))
+    six.iterkeys = lambda d, **kw: iter(d.keys(**kw))
+    six.itervalues = lambda d, **kw: iter(d.values(**kw))
+
+    def add_metaclass(metaclass):  # six's own recipe
+        def wrapper(cls):
+            namespace = cls.__dict__.copy()
+            slots = namespace.get("__slots__")
+            for name in [slots] if isinstance(slots, str) else (slots or ()):
+                namespace.pop(name)
+            namespace.pop("__dict__", None)
+            namespace.pop("__weakref__", None)
+            namespace["__qualname__"] = cls.__qualname__
+            return metaclass(cls.__name__, cls.__bases__, namespace)
+
+        return wrapper
+
+    six.add_metaclass = add_metaclass
+    return six
+
+
+@contextlib.contextmanager
+def _six_if_missing():
+    """Imports inside see a stand-in `six` when it is not installed; afterwards
+    `sys.modules` is as before (the generator's modules keep their reference)."""
+    try:
+        import six  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        yield
+        return
+    saved = {name: sys.modules.get(name, _MISSING) for name in ("six", "six.moves")}
+    stand_in = _six_stand_in()
+    sys.modules.update({"six": stand_in, "six.moves": stand_in.moves})
+    try:
+        yield
+    finally:
+        for name, module in saved.items():
+            if module is _MISSING:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+_MISSING = object()
+
+
 def import_generator():
     """Returns `(generate, modules)` from `mathematics_dataset`, shims applied."""
     try:
-        apply()
-        from mathematics_dataset import generate
-        from mathematics_dataset.modules import modules
+        with _six_if_missing():
+            apply()
+            from mathematics_dataset import generate
+            from mathematics_dataset.modules import modules
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "the offline generator needs the `mathematics-dataset` package: "
-            "pip install 'ntl-jax[seqio]'"
+            "the offline generator needs the `mathematics-dataset` package (with sympy "
+            "and absl-py): pip install 'ntl-jax[train]' or 'ntl-jax[seqio]'"
         ) from e
     return generate, modules
