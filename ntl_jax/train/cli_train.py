@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 # Defaults shared with `ntl-jax compare` (its defaults are this run at three losses).
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ntl-jax train: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"step": result["step"], "eval": result.get("eval", {})}, indent=2))
-    print(f"metrics: {out}/metrics.jsonl, TensorBoard: {out}/tensorboard, "
-          f"results: {out}/results.json")
+    tensorboard = os.path.join(out, "tensorboard")
+    tensorboard = f"TensorBoard: {tensorboard}, " if os.path.isdir(tensorboard) else ""
+    print(f"metrics: {out}/metrics.jsonl, {tensorboard}results: {out}/results.json")
     return 0
