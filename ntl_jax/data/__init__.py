@@ -1,7 +1,8 @@
 """DeepMind mathematics data: module catalogue, release-layout reader, offline generator.
 
 Importing this package needs only Python; the generator (`ntl_jax.data.generate`) needs
-the `seqio` extra (`mathematics-dataset`, sympy) and the TF reader needs TensorFlow.
+`mathematics-dataset` and sympy (the `train` or `seqio` extra) and the TF reader needs
+TensorFlow.
 """
 
 from ntl_jax.data.catalogue import ABLATION_EXTRAPOLATE
