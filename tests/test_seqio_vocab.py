@@ -127,3 +127,10 @@ def test_sentencepiece_vocabulary_special_ids_and_digit_ids():
     assert (d.pad_id, d.eos_id, d.unk_id, d.bos_id) == (0, 1, 2, -1)
     assert digit_token_ids(d) == [d.tokenizer.piece_to_id(str(k)) for k in range(10)]
     assert digit_token_ids(seqio_vocab.byte_vocabulary()) == list(range(51, 61))
+
+
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(seqio_vocab)
+    assert result.attempted > 0 and result.failed == 0
