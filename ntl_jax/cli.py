@@ -19,10 +19,51 @@ COMMANDS = {
     "plot-loss": ("ntl_jax.train.cli_plot_loss", "plot CE, NTL-MSE and NTL-WAS over digit distributions"),
 }
 
+DESCRIPTION = """\
+Number Token Loss (NTL) for JAX: generate DeepMind mathematics data offline, train a
+small T5 with cross-entropy with or without NTL, compare the losses, and plot them."""
+
+EPILOG = """\
+examples:
+  ntl-jax compare --out runs/compare      CE vs CE+NTL-MSE vs CE+NTL-WAS, table and figure
+  ntl-jax plot-loss --out ntl_loss.png    the loss curves for one target digit
+
+Run `ntl-jax COMMAND --help` for the options of a command."""
+
+
+def version() -> str:
+    """The installed distribution's version, or the package's when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("ntl-jax")
+    except metadata.PackageNotFoundError:
+        from ntl_jax import __version__
+
+        return __version__
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps each command and its help on one line: Python < 3.13 leaves the
+    commands' extra indentation out when it aligns the help column."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30)
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if action.help is not argparse.SUPPRESS and hasattr(action, "_get_subactions"):
+            for sub in action._get_subactions():
+                width = len(self._format_action_invocation(sub))
+                self._action_max_length = max(self._action_max_length, width
+                                              + self._current_indent + self._indent_increment)
+
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ntl-jax", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser = argparse.ArgumentParser(prog="ntl-jax", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     wanted = None
     if argv:
         wanted = next((a for a in argv if not a.startswith("-")), None)
@@ -40,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    if args.command is None:
+        # No command: the full help, which lists the commands, rather than a bare usage error.
+        parser.print_help(sys.stderr)
+        return 2
     return int(args._run(args) or 0)
 
 

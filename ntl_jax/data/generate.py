@@ -224,6 +224,15 @@ def release_plan(train_modules, extrapolate_modules, per_train_module: int,
     return plan
 
 
+class ExistingFilesError(FileExistsError):
+    """`write_release` would replace files and `overwrite` is False; `.paths` lists them."""
+
+    def __init__(self, paths: list[str]):
+        self.paths = list(paths)
+        super().__init__(f"{len(self.paths)} file(s) already exist, e.g. {self.paths[0]}; "
+                         "pass overwrite=True to replace them")
+
+
 def write_release(output_dir: str, train_modules, extrapolate_modules=(), *,
                   per_train_module: int = 3_000, per_test_module: int = 1_000,
                   seed: int = 0, workers: int | None = None, regimes=catalogue.REGIMES,
@@ -253,10 +262,7 @@ def write_release(output_dir: str, train_modules, extrapolate_modules=(), *,
     paths = [os.path.join(output_dir, r, f"{m}.txt") for r, m, _ in plan]
     existing = [p for p in paths if os.path.exists(p)]
     if existing and not overwrite:
-        raise FileExistsError(
-            f"{len(existing)} file(s) already exist, e.g. {existing[0]}; pass overwrite=True "
-            "(--overwrite) to replace them"
-        )
+        raise ExistingFilesError(existing)
     jobs, owners = [], []
     for k, (regime, module, count) in enumerate(plan):
         for start in range(0, count, chunk_size):

@@ -20,6 +20,47 @@ from ntl_jax.train.cli_train import checked
 digit_in_range = checked(int, lambda v: 0 <= v <= 9, "a digit 0-9")
 probability = checked(float, lambda v: 0.1 < v < 1, "a probability in (0.1, 1)")
 
+DEFAULT_NAME = "ntl_loss.png"
+
+
+def writable_formats() -> list[str]:
+    """The file extensions matplotlib can save to here, sorted.
+
+    PGF needs the TeX program named by `rcParams["pgf.texsystem"]`, so it counts only
+    when that program is installed.
+    """
+    import shutil
+
+    import matplotlib
+    import matplotlib.figure
+
+    formats = set(matplotlib.figure.Figure().canvas.get_supported_filetypes())
+    if not shutil.which(matplotlib.rcParams["pgf.texsystem"]):
+        formats.discard("pgf")
+    return sorted(formats)
+
+
+def output_path(text: str) -> str:
+    """Resolves `--out` to the absolute path of the file to write.
+
+    An existing directory, or a path ending in a separator, gets `DEFAULT_NAME` inside
+    it; a path without an extension gets `.png`; any other extension must be a format
+    matplotlib can write (`writable_formats()`).
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("expected a file or directory path, got ''")
+    path = os.path.abspath(os.path.expanduser(text))
+    if os.path.isdir(path) or text.endswith(("/", os.sep)):
+        return os.path.join(path, DEFAULT_NAME)
+    ext = os.path.splitext(path)[1]
+    if not ext:
+        return path + ".png"
+    formats = writable_formats()
+    if ext[1:].lower() not in formats:
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join('.' + f for f in formats)}, got {ext!r} in {text!r}")
+    return path
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--digit", type=digit_in_range, default=4,
@@ -30,7 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=float, default=1.0,
                         help="std of the discretised Gaussian prediction in the right "
                              "panel (default: %(default)s)")
-    parser.add_argument("--out", default="ntl_loss.png", help="PNG path (default: %(default)s)")
+    parser.add_argument("--out", type=output_path, default=DEFAULT_NAME,
+                        help="where to write the figure; its extension picks the format "
+                             "(png, pdf, svg, ...), a path without one gets .png, and an "
+                             f"existing directory (or a path ending in '/') gets {DEFAULT_NAME} "
+                             "inside it; missing folders are created (default: %(default)s)")
 
 
 def loss_curves(digit: int, distributions: np.ndarray) -> dict[str, np.ndarray]:
@@ -76,11 +121,18 @@ def run(args: argparse.Namespace) -> int:
     if not args.width > 0:
         print(f"ntl-jax plot-loss: error: --width must be > 0, got {args.width}", file=sys.stderr)
         return 2
-    out = os.path.abspath(args.out)
+    out = os.path.abspath(args.out)  # resolved by `output_path` when parsed
     parent = os.path.dirname(out)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        print(f"ntl-jax plot-loss: error: cannot write {out}: directory {parent} is missing "
-              "or not writable", file=sys.stderr)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        print(f"ntl-jax plot-loss: error: cannot write {out}: cannot create {parent}: "
+              f"{e.strerror or e}", file=sys.stderr)
+        return 2
+    if not os.access(parent, os.W_OK) or os.path.isdir(out):
+        print(f"ntl-jax plot-loss: error: cannot write {out}: "
+              + ("it is a directory" if os.path.isdir(out) else f"{parent} is not writable"),
+              file=sys.stderr)
         return 2
     import matplotlib
 
