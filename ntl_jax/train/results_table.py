@@ -1,0 +1,221 @@
+"""Markdown tables of `ntl-jax compare` result files, and keeping the README in sync.
+
+A result file (``docs/results/<name>.json``) is a JSON object with ``"command"``,
+``"title"``, ``"machine"``, ``"seconds"``, ``"settings"``, ``"versions"``, ``"runs"``
+(``[{"loss", "seed", "metrics"}, ...]``), ``"paired"`` (as
+`ntl_jax.train.paired_stats.paired_comparison` returns), ``"summary"`` (as
+`ntl_jax.train.paired_stats.describe` returns) and optionally ``"table_metrics"``
+(the metric names to show). `render` turns one into Markdown; `update_readme`
+replaces the text between ``<!-- results:<name> -->`` and ``<!-- /results:<name> -->``
+with the rendering of ``<name>.json``, so the README's numbers always come from the
+files. Every verdict in the tables is computed from the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+DEFAULT_METRICS = ("test_interpolate/number_accuracy", "test_interpolate/log_mae",
+                   "test_extrapolate/number_accuracy", "test_extrapolate/log_mae")
+DEFAULT_BASELINE = "ce"
+MARKER = re.compile(r"<!-- results:([A-Za-z0-9_.-]+) -->")
+
+
+class ResultsError(ValueError):
+    """A README marker without its closing marker or without its result file."""
+
+
+def fmt(x) -> str:
+    """3 decimals (0.676, -0.012); 3 significant digits outside [0.001, 1000)."""
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    if x == 0:
+        return "0.000"
+    if 1e-3 <= abs(x) < 1e3:
+        return f"{x:.3f}"
+    return f"{x:.3g}"
+
+
+def fmt_p(p) -> str:
+    """A p-value to 3 decimals (0.031), "<0.001" below that."""
+    if p is None or not math.isfinite(p):
+        return "n/a"
+    return "<0.001" if p < 1e-3 else f"{p:.3f}"
+
+
+def fmt_seconds(s) -> str:
+    if s is None or not math.isfinite(s):
+        return "n/a"
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def metric_title(metric: str) -> str:
+    """"test_interpolate/number_accuracy" -> "interpolate/number_accuracy"."""
+    return metric.removeprefix("test_")
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", r"\|")
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def _table(header, rows) -> list[str]:
+    return [_row(header), "|" + "---|" * len(header)] + [_row(r) for r in rows]
+
+
+def verdict(entry: dict) -> str:
+    """Whether the 95 % CI of the mean paired difference excludes zero."""
+    n, ci = entry.get("n", 0), entry.get("ci95")
+    if not n or ci is None or None in ci:
+        return "no paired seeds"
+    if n < 2:
+        return "not distinguishable from zero (one seed)"
+    lo, hi = ci
+    if lo > 0 or hi < 0:
+        return "distinguishable from zero (CI excludes 0)"
+    return "not distinguishable from zero"
+
+
+def table_metrics(result: dict) -> list[str]:
+    """``result["table_metrics"]``, else those of `DEFAULT_METRICS` present in the
+    summary or the paired results, else every metric of the summary."""
+    if result.get("table_metrics"):
+        return list(result["table_metrics"])
+    present: dict[str, None] = {}
+    for section in ("summary", "paired"):
+        for per_metric in (result.get(section) or {}).values():
+            present.update(dict.fromkeys(per_metric))
+    chosen = [m for m in DEFAULT_METRICS if m in present]
+    return chosen or list(present)
+
+
+def _seed_counts(result: dict) -> dict[str, int]:
+    counts: dict[str, set] = {}
+    for run in result.get("runs") or []:
+        counts.setdefault(str(run["loss"]), set()).add(run["seed"])
+    return {label: len(seeds) for label, seeds in counts.items()}
+
+
+def _direction(higher) -> str:
+    return {True: " ↑", False: " ↓"}.get(higher, "")
+
+
+def render(result: dict) -> str:
+    """The Markdown block of one result file (no trailing newline)."""
+    metrics = table_metrics(result)
+    summary = result.get("summary") or {}
+    paired = result.get("paired") or {}
+    seeds = _seed_counts(result)
+    lines = []
+    if result.get("title"):
+        lines += [f"**{result['title']}**", ""]
+    lines += [f"`{result.get('command', '')}` · {result.get('machine', 'n/a')} · "
+              f"wall time {fmt_seconds(result.get('seconds'))}", ""]
+
+    rows = []
+    for label, per_metric in summary.items():
+        n_seeds = seeds.get(label)
+        if n_seeds is None:
+            n_seeds = max((len(e.get("seeds", [])) for e in per_metric.values()), default=0)
+        row = [label, str(n_seeds)]
+        for metric in metrics:
+            e = per_metric.get(metric)
+            if e is None or not e.get("n"):
+                row.append("n/a")
+                continue
+            text = fmt(e["mean"])
+            if e.get("std") is not None:
+                text += f" ± {fmt(e['std'])}"
+            if e["n"] < n_seeds:
+                text += f" (n={e['n']})"
+            row.append(text)
+        rows.append(row)
+    lines += _table(["loss", "seeds"] + [f"{metric_title(m)} (mean ± std)" for m in metrics], rows)
+
+    rows = []
+    for label, per_metric in paired.items():
+        for metric in metrics:
+            e = per_metric.get(metric)
+            if e is None:
+                continue
+            ci = e.get("ci95")
+            ci_text = f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "n/a"
+            rows.append([f"{label} − {e.get('baseline', DEFAULT_BASELINE)}",
+                         metric_title(metric) + _direction(e.get("higher_is_better")),
+                         fmt(e.get("mean_diff")), ci_text,
+                         f"{e.get('better', 0)}/{e.get('worse', 0)}/{e.get('ties', 0)}",
+                         fmt_p(e.get("p")), fmt_p(e.get("p_sign")), verdict(e)])
+    if rows:
+        lines += ["", *_table(["variant − baseline", "metric", "mean diff", "95 % CI",
+                               "better/worse/ties", "Wilcoxon p", "sign p", "verdict"], rows),
+                  "", "Paired by seed (same initialisation and data order); ↑ / ↓: higher / "
+                  "lower is better; better/worse/ties count seeds; 95 % CI: percentile "
+                  "bootstrap of the mean difference; p: exact two-sided tests."]
+
+    rows = []
+    for label, per_metric in summary.items():
+        for metric in metrics:
+            e = per_metric.get(metric)
+            if e is None or "share_above" not in e:
+                continue
+            share = e["share_above"]
+            text = "n/a" if share is None else f"{fmt(share)} ({round(share * e['n'])}/{e['n']})"
+            rows.append([label, metric_title(metric),
+                         f"> {fmt(e['threshold'])}" if e.get("threshold") is not None else "n/a",
+                         text])
+    if rows:
+        lines += ["", "Share of seeds above a threshold (for outcomes that land in one of two "
+                  "modes):", "", *_table(["loss", "metric", "threshold", "share of seeds"], rows)]
+    return "\n".join(lines)
+
+
+def load(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def blocks(text: str) -> list[tuple[str, int, int]]:
+    """``(name, start, end)`` of the text between each marker pair."""
+    found = []
+    pos = 0
+    while (m := MARKER.search(text, pos)) is not None:
+        name = m.group(1)
+        close = f"<!-- /results:{name} -->"
+        end = text.find(close, m.end())
+        if end < 0:
+            raise ResultsError(f"marker <!-- results:{name} --> has no closing {close}")
+        found.append((name, m.end(), end))
+        pos = end + len(close)
+    return found
+
+
+def _rendered(name: str, results_dir: str) -> str:
+    path = os.path.join(results_dir, f"{name}.json")
+    if not os.path.isfile(path):
+        raise ResultsError(f"results block {name!r}: no result file {path}")
+    return "\n" + render(load(path)) + "\n"
+
+
+def update_readme(text: str, results_dir: str) -> str:
+    """`text` with every results block replaced by the rendering of its file."""
+    out, pos = [], 0
+    for name, start, end in blocks(text):
+        out += [text[pos:start], _rendered(name, results_dir)]
+        pos = end
+    return "".join(out) + text[pos:]
+
+
+def stale_blocks(text: str, results_dir: str) -> list[str]:
+    """Names of the blocks whose text differs from what `update_readme` would write."""
+    return [name for name, start, end in blocks(text)
+            if text[start:end] != _rendered(name, results_dir)]
