@@ -1,4 +1,4 @@
-"""Deterministic, resumable batches of DeepMind mathematics problems.
+"""Deterministic, resumable batches of DeepMind mathematics or multiplication problems.
 
 A run draws a fixed pool of training problems from the offline generator
 (`ntl_jax.data.generate.examples`, the same source as the SeqIO tasks' on-the-fly
@@ -11,6 +11,12 @@ Why not the SeqIO pipeline itself: on a 2-core CPU the trainer would spend its t
 TensorFlow's input pipeline and its start-up, and a tf.data iterator would have to be
 checkpointed to resume in order. The problems, the vocabulary and the EOS/padding
 conventions are the same as the tasks' (`seqio.EncDecFeatureConverter` features).
+
+The module "multiplication" selects the paper's multiplication problems
+(`ntl_jax.data.multiplication`) instead of a DeepMind module. With
+`DataConfig.architecture == "decoder-only"` a batch holds each question (+EOS) and its
+answer (+EOS) as one sequence, with the features of seqio's prefix-LM
+`DecoderFeatureConverter` (loss on the answer only, the question attended both ways).
 """
 
 from __future__ import annotations
@@ -22,13 +28,46 @@ import numpy as np
 
 EOS_ID = 1  # T5 / seqio convention: 0 is padding, 1 is end-of-sequence
 EVAL_SPLITS = ("test_interpolate", "test_extrapolate")
+MULTIPLICATION = "multiplication"  # the task name of `ntl_jax.data.multiplication`
+ARCHITECTURES = ("encoder-decoder", "decoder-only")  # = network.ARCHITECTURES
+
+
+def _examples(module: str, split: str, n: int, seed: int) -> list[tuple[str, str]]:
+    if module == MULTIPLICATION:
+        from ntl_jax.data import multiplication
+
+        return multiplication.examples(split, n, seed)
+    from ntl_jax.data import generate  # imported late: pulls in the generator and sympy
+
+    return generate.examples(module, split, n, seed)
 
 
 def default_example_source() -> Callable[[str, str, int, int], Iterable[tuple[str, str]]]:
-    """`examples(module, split, n, seed)` from the offline mathematics generator."""
-    from ntl_jax.data import generate  # imported late: pulls in the generator and sympy
+    """`examples(module, split, n, seed)`: multiplication problems for the module
+    "multiplication", else the offline mathematics generator."""
+    return _examples
 
-    return generate.examples
+
+def check_task(module: str) -> str:
+    """Returns `module` if it is "multiplication" or a DeepMind training module."""
+    if module == MULTIPLICATION:
+        return module
+    from ntl_jax.data import catalogue
+
+    try:
+        return catalogue.check_module(module)
+    except ValueError as e:
+        raise ValueError(f"{e} (or {MULTIPLICATION!r})") from None
+
+
+def task_metrics(module: str) -> Callable[[Sequence[str], Sequence[str], Sequence[str]],
+                                          dict[str, float]] | None:
+    """Extra metrics `fn(questions, targets, predictions)` of a task, or None."""
+    if module == MULTIPLICATION:
+        from ntl_jax.data import multiplication
+
+        return multiplication.metrics
+    return None
 
 
 def default_vocabulary():
@@ -42,6 +81,8 @@ def eval_splits(module: str) -> tuple[str, ...]:
     """The test splits of `module`: test_extrapolate only where the release has one."""
     from ntl_jax.data import catalogue
 
+    if module == MULTIPLICATION:
+        return EVAL_SPLITS
     if module in catalogue.TRAIN_MODULES and module not in catalogue.EXTRAPOLATION_FOR:
         return ("test_interpolate",)
     return EVAL_SPLITS
@@ -76,6 +117,49 @@ def to_features(inputs: np.ndarray, targets: np.ndarray) -> dict[str, np.ndarray
     }
 
 
+def concatenate(inputs: np.ndarray, targets: np.ndarray,
+                length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's input tokens followed by its target tokens, right-padded with 0.
+
+    `inputs` and `targets` are `[B, *]` arrays of ids (0-padded, EOS included). Returns
+    the `[B, length]` sequences (default: the shortest that holds every row) and the
+    `[B]` prefix lengths (input tokens per row).
+    """
+    in_len = (inputs > 0).sum(axis=1)
+    tgt_len = (targets > 0).sum(axis=1)
+    need = int((in_len + tgt_len).max(initial=1))
+    length = need if length is None else length
+    if need > length:
+        raise ValueError(f"a question and answer take {need} tokens, more than {length}")
+    out = np.zeros((len(inputs), length), np.int32)
+    for i, (p, t) in enumerate(zip(in_len, tgt_len)):
+        out[i, :p] = inputs[i, :p]
+        out[i, p:p + t] = targets[i, :t]
+    return out, in_len.astype(np.int32)
+
+
+def to_decoder_only_features(sequences: np.ndarray, prefix_lengths: np.ndarray
+                             ) -> dict[str, np.ndarray]:
+    """seqio's prefix-LM `DecoderFeatureConverter` features of unpacked sequences.
+
+    `sequences` `[B, L]` hold the inputs then the targets (see `concatenate`),
+    `prefix_lengths` `[B]` the number of input tokens. The loss weights cover the
+    targets only; `decoder_causal_attention` marks the positions that attend
+    bidirectionally: the inputs, shifted right, and the position whose decoder input is
+    the last input token (it predicts the first target), as in seqio.
+    """
+    decoder_input = np.zeros_like(sequences)
+    decoder_input[:, 1:] = sequences[:, :-1]  # shift right, 0 is BOS
+    positions = np.arange(sequences.shape[1])[None, :]
+    prefix = np.asarray(prefix_lengths)[:, None]
+    return {
+        "decoder_input_tokens": decoder_input,
+        "decoder_target_tokens": sequences,
+        "decoder_loss_weights": ((positions >= prefix) & (sequences > 0)).astype(np.int32),
+        "decoder_causal_attention": (positions <= prefix).astype(np.int32),
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """What a run trains and evaluates on (all part of a checkpoint's identity)."""
@@ -87,13 +171,20 @@ class DataConfig:
     seed: int = 0
     max_input_length: int = 160
     max_target_length: int = 32  # DeepMind answers have at most 30 characters, + EOS
+    # The network the batches are for: "encoder-decoder" (EncDecFeatureConverter
+    # features) or "decoder-only" (prefix-LM DecoderFeatureConverter features).
+    architecture: str = "encoder-decoder"
 
 
 @dataclasses.dataclass
 class EvalSet:
-    inputs: np.ndarray  # [n, Lin] int32
+    inputs: np.ndarray  # [n, Lin] int32: question ids + EOS (the prompt when decoder-only)
     questions: list[str]
     answers: list[str]
+    # Task metrics `fn(questions, targets, predictions) -> {name: value}`, added to the
+    # number metrics by `evaluate.evaluate` (e.g. MAPE for multiplication).
+    metrics_fn: Callable[[Sequence[str], Sequence[str], Sequence[str]],
+                         dict[str, float]] | None = None
 
 
 class ArithmeticData:
@@ -104,6 +195,9 @@ class ArithmeticData:
         if config.batch_size < 1 or config.train_examples < config.batch_size:
             raise ValueError(f"expected 1 <= batch_size <= train_examples, got batch_size="
                              f"{config.batch_size}, train_examples={config.train_examples}")
+        if config.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {ARCHITECTURES}, got "
+                             f"{config.architecture!r}")
         self.config = config
         self.vocabulary = default_vocabulary() if vocabulary is None else vocabulary
         source = default_example_source() if example_source is None else example_source
@@ -131,7 +225,13 @@ class ArithmeticData:
             questions = [q for q, _ in ex]
             inputs, _ = encode_texts(self.vocabulary, questions,
                                      length(questions, config.max_input_length))
-            self.eval_sets[split] = EvalSet(inputs, questions, [a for _, a in ex])
+            self.eval_sets[split] = EvalSet(inputs, questions, [a for _, a in ex],
+                                            task_metrics(config.module))
+        if config.architecture == "decoder-only":
+            self._sequences, self._prefix_lengths = concatenate(self._inputs, self._targets)
+            self.sequence_length = _round_up(self._sequences.shape[1])
+            self._sequences, _ = concatenate(self._inputs, self._targets,
+                                             self.sequence_length)
         self._perm_epoch, self._perm = -1, None
 
     def _permutation(self, epoch: int) -> np.ndarray:
@@ -148,4 +248,6 @@ class ArithmeticData:
         for epoch in np.unique(positions // n):  # a batch may straddle two epochs
             sel = positions // n == epoch
             idx[sel] = self._permutation(int(epoch))[positions[sel] % n]
+        if self.config.architecture == "decoder-only":
+            return to_decoder_only_features(self._sequences[idx], self._prefix_lengths[idx])
         return to_features(self._inputs[idx], self._targets[idx])

@@ -67,6 +67,46 @@ def greedy_decode(model, params, encoder_input_tokens: jax.Array, max_length: in
     return jax.lax.fori_loop(0, max_length, cached_body, (out, done, start, cache))[0]
 
 
+@functools.partial(jax.jit, static_argnames=("model", "max_length", "prefix_lm"))
+def greedy_decode_decoder_only(model, params, prompt_tokens: jax.Array, max_length: int,
+                               prefix_lm: bool = True) -> jax.Array:
+    """Argmax continuation of `[B, Lp]` prompts -> `[B, max_length]` ids, 0 after EOS.
+
+    Each prompt row is its tokens (question ids + EOS) right-padded with 0; the answer
+    starts right after them. A `[B, Lp + max_length]` buffer holds prompt and answer so
+    far and the whole model re-runs on it at every step (no cache): step `t` reads the
+    logits at position `prompt_length + t`, as teacher forcing does. With `prefix_lm`
+    the prompt positions attend both ways (`decoder_causal_attention`, as in training
+    on prefix-LM features).
+    """
+    variables = {"params": params}
+    batch, prompt_len = prompt_tokens.shape
+    total = prompt_len + max_length
+    lengths = jnp.sum(prompt_tokens > 0, axis=1).astype(jnp.int32)  # [B]
+    seq = jnp.pad(prompt_tokens.astype(jnp.int32), ((0, 0), (0, max_length)))
+    positions = jnp.arange(total)[None, :]
+    causal_attention = ((positions <= lengths[:, None]).astype(jnp.int32)
+                        if prefix_lm else None)
+    ones = jnp.ones((batch, total), jnp.int32)  # no padding: the causal mask hides the rest
+    rows = jnp.arange(batch)
+
+    def body(t, carry):
+        seq, out, done = carry
+        dec_in = jnp.pad(seq[:, :-1], ((0, 0), (1, 0)))  # shift right, 0 is BOS
+        logits = model.apply(variables, dec_in, ones,
+                             decoder_causal_attention=causal_attention,
+                             enable_dropout=False)
+        pos = lengths + t
+        token = jnp.argmax(logits[rows, pos], axis=-1).astype(jnp.int32)
+        token = jnp.where(done, 0, token)
+        seq = seq.at[rows, pos].set(token)
+        return seq, out.at[:, t].set(token), done | (token == EOS_ID)
+
+    out = jnp.zeros((batch, max_length), jnp.int32)
+    done = jnp.zeros((batch,), bool)
+    return jax.lax.fori_loop(0, max_length, body, (seq, out, done))[1]
+
+
 def decode_texts(vocabulary, ids: np.ndarray) -> list[str]:
     """Token ids (up to the first EOS) -> strings."""
     texts = []
@@ -76,6 +116,12 @@ def decode_texts(vocabulary, ids: np.ndarray) -> list[str]:
             row = row[: row.index(EOS_ID)]
         texts.append(vocabulary.decode([t for t in row if t > 0]))
     return texts
+
+
+def _is_decoder_only(model) -> bool:
+    from ntl_jax.train import network
+
+    return isinstance(model, network.DecoderOnlyTransformer)
 
 
 def predict(model, params, eval_set: EvalSet, vocabulary, max_length: int,
@@ -89,7 +135,10 @@ def predict(model, params, eval_set: EvalSet, vocabulary, max_length: int,
         if real < batch_size:  # pad to one static shape: a single compilation
             chunk = np.concatenate([chunk, np.zeros((batch_size - real, chunk.shape[1]),
                                                     chunk.dtype)])
-        ids = greedy_decode(model, params, jnp.asarray(chunk), max_length)
+        if _is_decoder_only(model):
+            ids = greedy_decode_decoder_only(model, params, jnp.asarray(chunk), max_length)
+        else:
+            ids = greedy_decode(model, params, jnp.asarray(chunk), max_length)
         preds.extend(decode_texts(vocabulary, np.asarray(ids)[:real]))
     return preds
 
@@ -104,12 +153,18 @@ def score(predictions: list[str], targets: list[str]) -> dict[str, float]:
 
 def evaluate(model, params, eval_sets: dict[str, EvalSet], vocabulary, max_length: int,
              batch_size: int = 256) -> tuple[dict[str, float], dict[str, list[str]]]:
-    """`{"<split>/<metric>": value}` over all eval sets, and the predictions per split."""
+    """`{"<split>/<metric>": value}` over all eval sets, and the predictions per split.
+
+    The metrics are `score`'s, plus those of the eval set's `metrics_fn` if it has one.
+    """
     results: dict[str, float] = {}
     all_preds: dict[str, list[str]] = {}
     for split, eval_set in eval_sets.items():
         preds = predict(model, params, eval_set, vocabulary, max_length, batch_size)
         all_preds[split] = preds
-        for name, value in score(preds, eval_set.answers).items():
-            results[f"{split}/{name}"] = value
+        values = score(preds, eval_set.answers)
+        if getattr(eval_set, "metrics_fn", None) is not None:
+            values |= eval_set.metrics_fn(eval_set.questions, eval_set.answers, preds)
+        for name, value in values.items():
+            results[f"{split}/{name}"] = float(value)
     return results, all_preds

@@ -429,3 +429,134 @@ class Transformer(nn.Module):
                            decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
                            decoder_positions, enable_dropout=enable_dropout, decode=decode,
                            max_decode_length=max_decode_length)
+
+
+# ------------------------------------------------------------------- decoder-only
+
+ARCHITECTURES: tuple[str, ...] = ("encoder-decoder", "decoder-only")
+
+
+def decoder_only_layers(config: T5Config) -> int:
+    """Layers of the decoder-only stack: the encoder-decoder's two stacks, end to end.
+
+    A preset then has the same depth and, but for the cross-attention weights, the same
+    parameters in both architectures, so the two compare at one size.
+    """
+    return config.num_encoder_layers + config.num_decoder_layers
+
+
+def make_decoder_mask(decoder_target_tokens: Array,
+                      decoder_causal_attention: Array | None = None,
+                      decoder_segment_ids: Array | None = None) -> Array:
+    """`[B, 1, L, L]` self-attention mask of a decoder-only model (T5X's make_decoder_mask).
+
+    Causal, except that positions where `decoder_causal_attention` is 1 (the prefix of a
+    prefix LM) also see each other both ways; 0 tokens are padding; segments (packing)
+    only see themselves.
+    """
+    batch, length = decoder_target_tokens.shape
+    mask = causal_mask(length, batch)
+    if decoder_causal_attention is not None:
+        prefix = make_attention_mask(decoder_causal_attention, decoder_causal_attention)
+        mask = jnp.logical_or(mask > 0, prefix > 0).astype(jnp.float32)
+    return combine_masks(
+        mask,
+        make_attention_mask(decoder_target_tokens > 0, decoder_target_tokens > 0),
+        None if decoder_segment_ids is None else make_attention_mask(
+            decoder_segment_ids, decoder_segment_ids, jnp.equal))
+
+
+class DecoderOnlyLayer(nn.Module):
+    """Pre-norm self-attention and gated MLP (a `DecoderLayer` without cross-attention)."""
+
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x: Array, bias: Array, deterministic: bool) -> Array:
+        cfg = self.config
+        drop = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        h = RMSNorm(dtype=cfg.dtype, name="pre_self_attention_layer_norm")(x)
+        h = MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
+                               name="self_attention")(h, h, bias, deterministic)
+        x = x + drop(h, deterministic=deterministic)
+        h = RMSNorm(dtype=cfg.dtype, name="pre_mlp_layer_norm")(x)
+        h = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dtype, cfg.dropout_rate,
+                     name="mlp")(h, deterministic)
+        return x + drop(h, deterministic=deterministic)
+
+
+class DecoderOnlyTransformer(nn.Module):
+    """A T5.1.1-block decoder-only LM with the `t5x.examples.decoder_only` interface.
+
+    `decoder_only_layers(config)` layers of self-attention + gated-GELU MLP, RMSNorm,
+    relative position biases shared across layers, untied logits. With
+    `decoder_causal_attention` (seqio's prefix-LM feature) the question positions attend
+    both ways; without it the model is plain causal. The relative position buckets are
+    bidirectional (T5X uses causal ones) so that prefix positions can tell keys after
+    them apart; under the causal mask those buckets are never used.
+
+    Incremental decoding (`decode=True`) is not implemented: `evaluate` re-runs the
+    model on a fixed-length buffer, which costs little for these short sequences.
+
+    Example:
+      >>> cfg = make_config("micro", vocab_size=100)
+      >>> model = DecoderOnlyTransformer(cfg)
+      >>> tokens = jnp.ones((2, 6), jnp.int32)
+      >>> params = model.init(jax.random.key(0), tokens, tokens, enable_dropout=False)
+      >>> model.apply(params, tokens, tokens, enable_dropout=False).shape
+      (2, 6, 128)
+    """
+
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, decoder_input_tokens: Array, decoder_target_tokens: Array,
+                 decoder_segment_ids: Array | None = None,
+                 decoder_positions: Array | None = None,
+                 decoder_causal_attention: Array | None = None, *,
+                 enable_dropout: bool = True, decode: bool = False,
+                 max_decode_length: int | None = None, prefill: bool = False,
+                 prefill_lengths: Array | None = None) -> Array:
+        """Teacher-forced pass on T5X decoder-only features -> `[B, L, vocab_size]` f32."""
+        del decoder_positions, max_decode_length, prefill_lengths  # layout-relative only
+        if decode or prefill:
+            raise NotImplementedError(
+                "DecoderOnlyTransformer has no incremental decoding; run it on the whole "
+                "sequence (see ntl_jax.train.evaluate.greedy_decode_decoder_only)")
+        if decoder_input_tokens.ndim != 2:
+            raise ValueError(f"decoder_input_tokens must be [batch, length], got shape "
+                             f"{decoder_input_tokens.shape}")
+        cfg = self.config
+        deterministic = not enable_dropout
+        embed = nn.Embed(cfg.vocab_size, cfg.emb_dim,
+                         embedding_init=nn.initializers.normal(stddev=1.0),
+                         name="token_embedder")
+        length = decoder_input_tokens.shape[-1]
+        bias = RelativePositionBiases(cfg.num_heads, True, cfg.relative_attention_num_buckets,
+                                      cfg.relative_attention_max_distance,
+                                      name="relpos_bias")(length, length)
+        bias = bias + mask_to_bias(make_decoder_mask(
+            decoder_target_tokens, decoder_causal_attention, decoder_segment_ids))
+        x = embed(decoder_input_tokens.astype(jnp.int32)).astype(cfg.dtype)
+        x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+        for i in range(decoder_only_layers(cfg)):
+            x = DecoderOnlyLayer(cfg, name=f"layers_{i}")(x, bias, deterministic)
+        x = RMSNorm(dtype=cfg.dtype, name="decoder_norm")(x)
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        if cfg.logits_via_embedding:
+            logits = embed.attend(x) / math.sqrt(x.shape[-1])
+        else:
+            logits = nn.DenseGeneral(cfg.vocab_size, use_bias=False, dtype=jnp.float32,
+                                     kernel_init=nn.initializers.variance_scaling(
+                                         1.0, "fan_in", "truncated_normal"),
+                                     name="logits_dense")(x)
+        return logits.astype(jnp.float32)
+
+
+def make_model(architecture: str, config: T5Config) -> nn.Module:
+    """`Transformer` for "encoder-decoder", `DecoderOnlyTransformer` for "decoder-only"."""
+    if architecture == "encoder-decoder":
+        return Transformer(config)
+    if architecture == "decoder-only":
+        return DecoderOnlyTransformer(config)
+    raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")

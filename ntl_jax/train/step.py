@@ -25,6 +25,17 @@ LOSS_KINDS = {
 }
 
 
+def model_inputs(batch: dict) -> tuple[tuple, dict]:
+    """`(args, kwargs)` of the network call on `batch`: encoder-decoder features (with
+    "encoder_input_tokens") or decoder-only ones (a prefix LM when the batch has
+    "decoder_causal_attention")."""
+    if "encoder_input_tokens" in batch:
+        return (batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+                batch["decoder_target_tokens"]), {}
+    return ((batch["decoder_input_tokens"], batch["decoder_target_tokens"]),
+            {"decoder_causal_attention": batch.get("decoder_causal_attention")})
+
+
 @flax.struct.dataclass
 class TrainState:
     step: jax.Array
@@ -37,9 +48,8 @@ def create_train_state(model, optimizer: optax.GradientTransformation, batch: di
                        seed: int) -> TrainState:
     """Initialises parameters from `seed` and the shapes of `batch`."""
     init_rng, dropout_rng = jax.random.split(jax.random.key(seed))
-    variables = model.init(init_rng, batch["encoder_input_tokens"],
-                           batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-                           enable_dropout=False)
+    args, kwargs = model_inputs(batch)
+    variables = model.init(init_rng, *args, **kwargs, enable_dropout=False)
     params = variables["params"]
     return TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
                       opt_state=optimizer.init(params),
@@ -53,7 +63,8 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
     """Returns `train_step(state, batch) -> (state, metrics)`, jitted.
 
     Args:
-      model: a `Transformer` (or any module with the T5X network interface).
+      model: a `Transformer` or `DecoderOnlyTransformer` (or any module with a T5X
+        network interface); the batch's features say which (see `model_inputs`).
       optimizer: the optax transformation `state.opt_state` belongs to.
       number_tokens: the vocabulary's number tokens (a static closure constant).
       loss: a key of `LOSS_KINDS`; "ce" trains with cross-entropy only.
@@ -65,9 +76,9 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
     ntl_kind = LOSS_KINDS[loss]
 
     def loss_fn(params, batch, dropout_rng):
-        logits = model.apply(
-            {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-            batch["decoder_target_tokens"], enable_dropout=True, rngs={"dropout": dropout_rng})
+        args, kwargs = model_inputs(batch)
+        logits = model.apply({"params": params}, *args, **kwargs, enable_dropout=True,
+                             rngs={"dropout": dropout_rng})
         # The one NTL line: T5X cross-entropy (+ z-loss) + ntl_weight * NTL, same weights.
         return ntl_jax.cross_entropy_and_ntl(
             logits, batch["decoder_target_tokens"], number_tokens,

@@ -34,6 +34,7 @@ class TrainConfig:
     z_loss: float = 1e-4
     dropout_rate: float = 0.0
     data: data_lib.DataConfig = data_lib.DataConfig()
+    architecture: str = "encoder-decoder"  # network.ARCHITECTURES; = data.architecture
     # Bookkeeping (not part of a checkpoint's identity).
     log_every: int = 50
     checkpoint_every: int = 500
@@ -58,6 +59,13 @@ class TrainConfig:
                              f"{self.ntl_weight} and {self.dropout_rate}")
         if self.optimizer not in optim.OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {optim.OPTIMIZERS}, got {self.optimizer!r}")
+        if self.architecture not in network.ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {network.ARCHITECTURES}, got "
+                             f"{self.architecture!r}")
+        if self.architecture != self.data.architecture:
+            raise ValueError(f"architecture is {self.architecture!r} but data.architecture is "
+                             f"{self.data.architecture!r}: the batches' features must be "
+                             f"those of the network; set both")
 
     def identity(self) -> dict:
         """The fields a resumed run must share with its checkpoint."""
@@ -94,7 +102,7 @@ _STEP_CACHE: dict = {}
 
 
 def _optimizer_and_step(config: TrainConfig, model, vocabulary, number_tokens):
-    key = (model.config, config.optimizer, config.learning_rate, config.steps,
+    key = (type(model), model.config, config.optimizer, config.learning_rate, config.steps,
            config.warmup_steps, config.schedule, config.weight_decay, config.clip_norm,
            config.loss, config.ntl_weight, config.z_loss, id(vocabulary))
     if key not in _STEP_CACHE:
@@ -151,7 +159,7 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | 
     vocabulary = data.vocabulary
     model_config = network.make_config(config.preset, int(vocabulary.vocab_size),
                                        dropout_rate=config.dropout_rate)
-    model = network.Transformer(model_config)
+    model = network.make_model(config.architecture, model_config)
     number_tokens = padded_number_tokens(vocabulary, model_config.vocab_size)
     optimizer, train_step = _optimizer_and_step(config, model, vocabulary, number_tokens)
 
