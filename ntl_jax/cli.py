@@ -15,7 +15,7 @@ import sys
 COMMANDS = {
     "generate": ("ntl_jax.data.generate_cli", "write DeepMind mathematics files offline"),
     "train": ("ntl_jax.train.cli_train", "train a small T5 with or without NTL"),
-    "compare": ("ntl_jax.train.cli_compare", "train CE, CE+NTL-MSE and CE+NTL-WAS and compare"),
+    "compare": ("ntl_jax.train.cli_compare", "paired runs of CE and CE+NTL over seeds, with intervals"),
     "plot-loss": ("ntl_jax.train.cli_plot_loss", "plot CE, NTL-MSE and NTL-WAS over digit distributions"),
 }
 
@@ -25,7 +25,7 @@ small T5 with cross-entropy with or without NTL, compare the losses, and plot th
 
 EPILOG = """\
 examples:
-  ntl-jax compare --out runs/compare      CE vs CE+NTL-MSE vs CE+NTL-WAS, table and figure
+  ntl-jax compare --out runs/compare      CE vs CE+NTL-WAS over seeds: paired table, figure
   ntl-jax plot-loss --out ntl_loss.png    the loss curves for one target digit
 
 Run `ntl-jax COMMAND --help` for the options of a command."""
@@ -85,7 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         # No command: the full help, which lists the commands, rather than a bare usage error.
         parser.print_help(sys.stderr)
         return 2
-    return int(args._run(args) or 0)
+    args._argv = argv  # recorded with results, so a result names its command
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"ntl-jax {args.command}: interrupted; rerun the same command to resume "
+              f"(finished runs and checkpoints are kept)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,16 +1,32 @@
-"""`ntl-jax compare`: CE vs CE+NTL-MSE vs CE+NTL-WAS with the same budget.
+"""`ntl-jax compare`: CE against CE + NTL, paired by seed, with confidence intervals.
 
-Trains each loss (for each seed) with identical data, model and optimiser, then prints a
-table of test metrics (mean ± std over seeds) and writes a figure of the learning
-curves and final metrics. Each run lives in `<out>/<loss>/seed_<k>/`; rerunning the
-command resumes unfinished runs from their checkpoints and reuses finished ones.
+Every seed gives all losses the same initialisation and the same batches, so each NTL
+run has a CE twin and the comparison is a set of paired differences. Two protocols:
+
+* `scratch`: every loss trains from a random initialisation.
+* `finetune` (the paper's): per seed, one CE pretraining run; then every loss
+  fine-tunes from those same parameters at the fine-tuning learning rate(s).
+
+`--ntl-weight` and `--finetune-learning-rate` take several values to sweep them; each
+NTL variant is paired with the CE run of the same seed and learning rate. Runs live in
+`<out>/<variant>/seed_<k>/`; rerunning the command resumes unfinished runs and reuses
+finished ones. `--jobs N` trains N runs at a time in separate processes.
+
+Writes `<out>/compare.json` (every run, per-variant summaries, paired differences with
+95 % bootstrap intervals and Wilcoxon / sign-test p-values, the command and versions),
+`compare.md` and `compare.png`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import concurrent.futures
+import dataclasses
+import multiprocessing
 import os
+import platform
+import re
+import shlex
 import sys
 import time
 
@@ -18,137 +34,310 @@ import numpy as np
 
 from ntl_jax.train import cli_train
 
-# The default budget: 4.6 to 7.4 minutes measured for all three runs on a shared
-# 2-core CPU (see the README for the table it produced).
+TASKS = ("arithmetic", "multiplication")
+PROTOCOLS = ("scratch", "finetune")
+LOSSES = ("ce", "ntl-was")
+# Metrics shown in tables and figures, per task.
+TABLE_METRICS = {
+    "arithmetic": ("test_interpolate/number_accuracy", "test_interpolate/log_mae",
+                   "test_extrapolate/number_accuracy", "test_extrapolate/log_mae"),
+    "multiplication": ("test_interpolate/number_accuracy", "test_interpolate/mape",
+                       "test_extrapolate/number_accuracy", "test_extrapolate/mape"),
+}
+# The default budget: sized to finish in under 10 minutes on a shared 2-core CPU.
 DEFAULTS = dict(cli_train.DEFAULTS)
-LOSSES = ("ce", "ntl-mse", "ntl-was")
-# (result key suffix, column title, format)
-COLUMNS = (("number_accuracy", "acc", "{:.3f}"), ("mae", "MAE", "{:.3g}"), ("r2", "R²", "{:.3f}"),
-           ("log_mae", "log-MAE", "{:.3f}"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="ntl_compare",
                         help="directory for the runs, table and figure (default: %(default)s)")
-    parser.add_argument("--seeds", type=cli_train.positive_int, default=1,
-                        help="number of seeds per loss, 0..N-1 (default: %(default)s)")
+    parser.add_argument("--task", choices=TASKS, default="arithmetic",
+                        help="arithmetic: a DeepMind module (--module) with the encoder-decoder; "
+                             "multiplication: k-digit x l-digit products with a decoder-only "
+                             "model (default: %(default)s)")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="scratch",
+                        help="scratch: each loss trains from random initialisation; finetune: "
+                             "CE pretraining per seed, then each loss fine-tunes from the same "
+                             "parameters (default: %(default)s)")
+    parser.add_argument("--seeds", type=cli_train.positive_int, default=3,
+                        help="number of seeds, 0..N-1; a seed fixes initialisation and data "
+                             "order for every loss (default: %(default)s)")
     parser.add_argument("--losses", nargs="+", choices=cli_train.LOSSES, default=list(LOSSES),
-                        help="losses to compare (default: %(default)s)")
-    cli_train.add_run_arguments(parser, DEFAULTS)
+                        help="losses to compare; 'ce' is the baseline and always runs "
+                             "(default: %(default)s)")
+    parser.add_argument("--jobs", type=cli_train.positive_int, default=1,
+                        help="runs trained at the same time, in separate processes "
+                             "(default: %(default)s)")
+    g = parser.add_argument_group("finetune protocol")
+    g.add_argument("--pretrain-steps", type=cli_train.positive_int, default=None,
+                   help="CE pretraining steps (default: --steps)")
+    g.add_argument("--finetune-learning-rate", type=cli_train.positive_float, nargs="+",
+                   default=None, metavar="LR",
+                   help="fine-tuning learning rate(s); --learning-rate is pretraining's "
+                        "(default: a third of --learning-rate)")
+    g = parser.add_argument_group("reporting")
+    g.add_argument("--high-mode-threshold", type=float, default=0.6,
+                   help="also report the share of seeds whose interpolation accuracy exceeds "
+                        "this (outcomes can be bimodal across seeds) (default: %(default)s)")
+    cli_train.add_run_arguments(parser, DEFAULTS, sweep=True)
 
 
-def summarize(results: dict[str, list[dict]], splits: list[str]) -> tuple[str, dict]:
-    """A Markdown table (mean ± std over seeds) and the same numbers as a dict."""
-    header = ["loss", "seeds"] + [f"{s.removeprefix('test_')[:6]}. {title}"
-                                  for s in splits for _, title, _ in COLUMNS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    summary: dict = {}
-    for loss, runs in results.items():
-        row = [loss, str(len(runs))]
-        summary[loss] = {}
-        for split in splits:
-            for key, _, fmt in COLUMNS:
-                vals = [r["eval"][f"{split}/{key}"] for r in runs
-                        if f"{split}/{key}" in r["eval"]]
-                vals = [v for v in vals if np.isfinite(v)]
-                summary[loss][f"{split}/{key}"] = {
-                    "mean": float(np.mean(vals)) if vals else None,
-                    "std": float(np.std(vals)) if vals else None, "values": vals}
-                if not vals:
-                    row.append("n/a")
-                elif len(vals) == 1:
-                    row.append(fmt.format(vals[0]))
-                else:
-                    row.append(f"{fmt.format(np.mean(vals))} ± {fmt.format(np.std(vals))}")
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines), summary
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One training run of a comparison."""
+
+    label: str  # variant name in tables, e.g. "ntl-was λ=0.3"
+    loss: str
+    seed: int
+    ntl_weight: float
+    learning_rate: float
+    steps: int
+    baseline: str | None  # label of the CE run this one is paired with; None: unpaired
+    init_from: str = ""  # run directory whose final parameters start this run
 
 
-def plot(run_dirs: dict[str, list[str]], summary: dict, splits: list[str], path: str,
-         title: str) -> None:
-    """Learning curves (train CE) and final accuracy / MAE per split, as a PNG."""
-    import matplotlib
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.=_-]+", "_", label.replace("λ", "lambda").replace(" ", "_"))
 
+
+def run_dir(out: str, spec: RunSpec) -> str:
+    return os.path.join(out, _slug(spec.label), f"seed_{spec.seed}")
+
+
+def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpec]]:
+    """(pretraining runs, compared runs) of the comparison, in the order they train."""
+    losses = ["ce"] + [loss for loss in dict.fromkeys(args.losses) if loss != "ce"]
+    weights = list(dict.fromkeys(args.ntl_weight))
+    if args.protocol == "finetune":
+        rates = list(dict.fromkeys(args.finetune_learning_rate or [args.learning_rate / 3]))
+    else:
+        rates = [args.learning_rate]
+
+    def label(loss, weight, rate):
+        text = loss
+        if loss != "ce" and len(weights) > 1:
+            text += f" λ={weight:g}"
+        if len(rates) > 1:
+            text += f" lr={rate:g}"
+        return text
+
+    pretrain, runs = [], []
+    for seed in range(args.seeds):
+        init_from = ""
+        if args.protocol == "finetune":
+            pre = RunSpec("pretrain-ce", "ce", seed, 0.0, args.learning_rate,
+                          args.pretrain_steps or args.steps, None)
+            pretrain.append(pre)
+            init_from = run_dir(out, pre)
+        for rate in rates:
+            base = label("ce", 0.0, rate)
+            for loss in losses:
+                for weight in ([0.0] if loss == "ce" else weights):
+                    runs.append(RunSpec(label(loss, weight, rate), loss, seed, weight, rate,
+                                        args.steps, None if loss == "ce" else base, init_from))
+    return pretrain, runs
+
+
+def _config(args: argparse.Namespace, spec: RunSpec):
+    return cli_train.make_config(
+        args, spec.loss, spec.seed, ntl_weight=spec.ntl_weight,
+        learning_rate=spec.learning_rate, steps=spec.steps, init_from=spec.init_from)
+
+
+# Per process: the generated data of each seed, shared by all runs of that seed.
+_DATA: dict = {}
+
+
+def _train_one(args: argparse.Namespace, spec: RunSpec, out: str, progress: bool) -> dict:
+    from ntl_jax.train import data as data_lib
+    from ntl_jax.train.trainer import train
+
+    config = _config(args, spec)
+    if config.data not in _DATA:
+        _DATA.clear()  # one seed's data at a time is enough: runs are ordered by seed
+        print(f"seed {spec.seed}: generating {config.data.train_examples} training problems "
+              f"of {config.data.module} ...", flush=True)
+        _DATA[config.data] = data_lib.ArithmeticData(config.data)
+    result = train(config, run_dir(out, spec), data=_DATA[config.data], progress=progress,
+                   tensorboard=not args.no_tensorboard)
+    result.pop("state", None)
+    return result
+
+
+def _execute(args: argparse.Namespace, out: str, pretrain: list[RunSpec],
+             runs: list[RunSpec]) -> dict[RunSpec, dict]:
+    """Trains every run (pretraining first where a run starts from it)."""
+    results: dict[RunSpec, dict] = {}
+    progress = not args.no_progress
+    if args.jobs == 1:
+        for spec in pretrain + runs:
+            print(f"[{len(results) + 1}/{len(pretrain) + len(runs)}] {spec.label}, seed "
+                  f"{spec.seed}", flush=True)
+            results[spec] = _train_one(args, spec, out, progress)
+        return results
+    # Separate processes (spawned: forking a process with JAX threads can deadlock).
+    context = multiprocessing.get_context("spawn")
+    waiting = list(runs)
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        pending = {pool.submit(_train_one, args, s, out, False): s for s in pretrain}
+        ready: set[str] = set()  # pretraining runs that have finished
+
+        def submit_ready():
+            for spec in [s for s in waiting if not s.init_from or s.init_from in ready]:
+                waiting.remove(spec)
+                pending[pool.submit(_train_one, args, spec, out, False)] = spec
+
+        submit_ready()
+        while pending:
+            done, _ = concurrent.futures.wait(pending, return_when="FIRST_COMPLETED")
+            for future in done:
+                spec = pending.pop(future)
+                results[spec] = future.result()
+                print(f"[{len(results)}/{len(pretrain) + len(runs)}] finished {spec.label}, "
+                      f"seed {spec.seed}", flush=True)
+                if spec in pretrain:
+                    ready.add(run_dir(out, spec))
+            submit_ready()
+    return results
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in ("ntl-jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _machine() -> str:
+    import jax
+
+    device = jax.devices()[0]
+    kind = getattr(device, "device_kind", device.platform)
+    return f"{platform.machine()}, {os.cpu_count()} CPU cores, {device.platform}: {kind}"
+
+
+def _run_record(spec: RunSpec, result: dict, out: str) -> dict:
+    return {"loss": spec.label, "loss_function": spec.loss, "seed": spec.seed,
+            "baseline": spec.baseline, "ntl_weight": spec.ntl_weight,
+            "learning_rate": spec.learning_rate, "steps": spec.steps,
+            "init_from": os.path.relpath(spec.init_from, out) if spec.init_from else None,
+            "run_dir": os.path.relpath(run_dir(out, spec), out),
+            "metrics": result.get("eval", {}), "seconds": result.get("seconds")}
+
+
+def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
+                 pretrain: list[RunSpec], runs: list[RunSpec],
+                 results: dict[RunSpec, dict], seconds: float) -> dict:
+    """The content of compare.json."""
+    from ntl_jax.train import paired_stats
+
+    records = [_run_record(s, results[s], out) for s in runs]
+    metrics = sorted({k for r in records for k in r["metrics"]})
+    shown = [m for m in TABLE_METRICS[args.task] if m in metrics]
+    thresholds = {"test_interpolate/number_accuracy": args.high_mode_threshold}
+    title = (f"{args.task} ({args.module}, {cli_train.architecture(args)}), preset {args.preset}, "
+             f"{args.protocol}: " + (f"CE pretraining {args.pretrain_steps or args.steps} steps"
+                                     f" at lr {args.learning_rate:g}, then "
+                                     if args.protocol == "finetune" else "")
+             + f"{args.steps} steps x batch {args.batch_size}, {args.seeds} paired seeds")
+    command = "ntl-jax " + shlex.join(argv) if argv is not None else None
+    return {
+        "title": title, "command": command, "machine": _machine(), "versions": _versions(),
+        "seconds": seconds,
+        "settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "table_metrics": shown,
+        "runs": records,
+        "pretrain_runs": [_run_record(s, results[s], out) for s in pretrain],
+        "summary": paired_stats.describe(records, metrics=metrics, thresholds=thresholds),
+        "paired": paired_stats.paired_comparison(records, metrics=metrics),
+    }
+
+
+def plot(result: dict, out: str, path: str) -> str | None:
+    """Learning curves and every seed's final metrics (dots) with their mean (bar)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from ntl_jax.train.logging_utils import read_metrics
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for loss, dirs in run_dirs.items():
+    labels = list(dict.fromkeys(r["loss"] for r in result["runs"]))
+    shown = result["table_metrics"]
+    fig, axes = plt.subplots(1, 1 + len(shown), figsize=(4.2 * (1 + len(shown)), 4.2))
+    for i, label in enumerate(labels):
+        color = f"C{i}"
         curves = []
-        for d in dirs:
-            recs = [r for r in read_metrics(os.path.join(d, "metrics.jsonl"))
-                    if "train/cross_entropy" in r]
-            curves.append(([r["step"] for r in recs], [r["train/cross_entropy"] for r in recs]))
+        for r in (r for r in result["runs"] if r["loss"] == label):
+            recs = [m for m in read_metrics(os.path.join(out, r["run_dir"], "metrics.jsonl"))
+                    if "train/cross_entropy" in m]
+            curves.append(([m["step"] for m in recs], [m["train/cross_entropy"] for m in recs]))
         n = min(len(c[0]) for c in curves)
-        steps = np.array(curves[0][0][:n])
         ys = np.array([c[1][:n] for c in curves])
-        line, = axes[0].plot(steps, ys.mean(0), label=loss)
+        axes[0].plot(curves[0][0][:n], ys.mean(0), color=color, label=label)
         if len(curves) > 1:
-            axes[0].fill_between(steps, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.2)
+            axes[0].fill_between(curves[0][0][:n], ys.min(0), ys.max(0), color=color, alpha=0.15)
+        for ax, metric in zip(axes[1:], shown):
+            values = result["summary"][label][metric]["values"]
+            finite = [v for v in values if v is not None]
+            jitter = np.linspace(-0.15, 0.15, len(finite)) if len(finite) > 1 else [0.0]
+            ax.scatter(i + np.asarray(jitter), finite, color=color, s=18, zorder=3)
+            if finite:
+                ax.hlines(np.mean(finite), i - 0.3, i + 0.3, color="black", zorder=4)
     axes[0].set(xlabel="step", ylabel="train cross-entropy (per token)", yscale="log",
-                title="learning curves")
-    axes[0].legend()
-    width = 0.8 / max(len(summary), 1)
-    x = np.arange(len(splits))
-    for panel, key, label in ((1, "number_accuracy", "accuracy"), (2, "log_mae", "log-MAE")):
-        for i, (loss, metrics) in enumerate(summary.items()):
-            means = [metrics[f"{s}/{key}"]["mean"] or 0.0 for s in splits]
-            stds = [metrics[f"{s}/{key}"]["std"] or 0.0 for s in splits]
-            axes[panel].bar(x + i * width, means, width, yerr=stds, label=loss, capsize=3)
-        axes[panel].set(xticks=x + width * (len(summary) - 1) / 2,
-                        xticklabels=[s.removeprefix("test_") for s in splits], ylabel=label,
-                        title=f"final {label} (greedy decoding)")
-        axes[panel].legend()
-    fig.suptitle(title)
+                title="learning curves (mean, min-max)")
+    axes[0].legend(fontsize=8)
+    for ax, metric in zip(axes[1:], shown):
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_title(metric.replace("test_", ""), fontsize=10)
+    fig.suptitle(result["title"], fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
-    from ntl_jax.train import data as data_lib
     from ntl_jax.train.checkpoint import CheckpointError
-    from ntl_jax.train.trainer import check_output_dir, train
+    from ntl_jax.train.trainer import Interrupted, check_output_dir, write_json
 
     t0 = time.perf_counter()
+    if args.task == "multiplication":
+        args.module = "multiplication"
     try:
         cli_train.check_module(args.module)
         out = check_output_dir(args.out)
-        losses = list(dict.fromkeys(args.losses))
-        results: dict[str, list[dict]] = {loss: [] for loss in losses}
-        run_dirs: dict[str, list[str]] = {loss: [] for loss in losses}
-        for seed in range(args.seeds):
-            configs = {loss: cli_train.make_config(args, loss, seed) for loss in losses}
-            for c in configs.values():
-                c.validate()
-            # One data pool per seed, shared by every loss: the runs differ only in the loss.
-            print(f"seed {seed}: generating {args.train_examples} training problems of "
-                  f"{args.module} ...", flush=True)
-            data = data_lib.ArithmeticData(configs[losses[0]].data)
-            for loss in losses:
-                run_dir = os.path.join(out, loss, f"seed_{seed}")
-                result = train(configs[loss], run_dir, data=data,
-                               progress=not args.no_progress,
-                               tensorboard=not args.no_tensorboard)
-                results[loss].append(result)
-                run_dirs[loss].append(run_dir)
+        pretrain, runs = plan(args, out)
+        for spec in pretrain + runs:
+            _config(args, spec).validate()
+        results = _execute(args, out, pretrain, runs)
     except (ValueError, CheckpointError) as e:
         print(f"ntl-jax compare: error: {e}", file=sys.stderr)
         return 2
-    splits = list(data.eval_sets)
-    table, summary = summarize(results, splits)
-    seconds = time.perf_counter() - t0
-    title = (f"{args.module}, preset {args.preset}, {args.steps} steps x batch "
-             f"{args.batch_size}, {args.seeds} seed(s)")
-    figure = os.path.join(out, "compare.png")
-    plot(run_dirs, summary, splits, figure, title)
-    with open(os.path.join(out, "compare.json"), "w") as f:
-        json.dump({"settings": vars(args) | {"_run": None}, "summary": summary,
-                   "seconds": seconds}, f, indent=2, default=str)
+    except (Interrupted, KeyboardInterrupt):
+        print("ntl-jax compare: interrupted; rerun the same command to resume "
+              "(finished runs are reused)", file=sys.stderr)
+        return 130
+    from ntl_jax.train import results_table
+
+    result = build_result(args, getattr(args, "_argv", None), out, pretrain, runs, results,
+                          time.perf_counter() - t0)
+    write_json(os.path.join(out, "compare.json"), result)
+    table = results_table.render(result)
     with open(os.path.join(out, "compare.md"), "w") as f:
-        f.write(f"{title}\n\n{table}\n")
-    print(f"\n{title}\n\n{table}\n\nfigure: {figure}\ntable: {os.path.join(out, 'compare.md')}"
-          f"\nwall time: {seconds / 60:.1f} min")
+        f.write(f"{result['title']}\n\n{table}\n")
+    figure = plot(result, out, os.path.join(out, "compare.png"))
+    print(f"\n{result['title']}\n\n{table}\n")
+    print(f"results: {os.path.join(out, 'compare.json')}, table: "
+          f"{os.path.join(out, 'compare.md')}, figure: "
+          f"{figure or 'not drawn (matplotlib is not installed)'}")
+    print(f"wall time: {result['seconds'] / 60:.1f} min")
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import sys
 
@@ -16,6 +16,14 @@ DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
                 train_examples=20_000, eval_examples=500)
 LOSSES = ("ce", "ntl-was", "ntl-mse", "ntl-mae", "ntl-huber", "ntl-number-level")
 PRESETS = ("micro", "tiny", "small", "base")
+ARCHITECTURES = ("encoder-decoder", "decoder-only")
+
+
+def architecture(args: argparse.Namespace) -> str:
+    """`--architecture`, or the task's default network."""
+    if args.architecture:
+        return args.architecture
+    return "decoder-only" if args.module == "multiplication" else "encoder-decoder"
 
 
 def checked(convert, is_valid, expected: str):
@@ -38,15 +46,23 @@ positive_int = checked(int, lambda v: v >= 1, "a positive integer")
 non_negative_int = checked(int, lambda v: v >= 0, "an integer >= 0")
 positive_float = checked(float, lambda v: v > 0, "a positive number")
 non_negative_float = checked(float, lambda v: v >= 0, "a number >= 0")
+finite_non_negative_float = checked(float, lambda v: 0 <= v < float("inf"),
+                                    "a finite number >= 0")
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict) -> None:
-    """Flags shared by `train` and `compare` (model, data, optimisation, logging)."""
+def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
+                      sweep: bool = False) -> None:
+    """Flags shared by `train` and `compare` (model, data, optimisation, logging);
+    with `sweep`, `--ntl-weight` takes several values."""
     g = parser.add_argument_group("model and data")
     g.add_argument("--preset", choices=PRESETS, default=defaults["preset"],
                    help="network size (default: %(default)s)")
+    g.add_argument("--architecture", choices=ARCHITECTURES, default=None,
+                   help="network (default: decoder-only for --module multiplication, "
+                        "encoder-decoder otherwise)")
     g.add_argument("--module", default=defaults["module"],
-                   help="DeepMind mathematics module (default: %(default)s)")
+                   help="DeepMind mathematics module, or 'multiplication' (k-digit x l-digit "
+                        "products) (default: %(default)s)")
     g.add_argument("--train-examples", type=positive_int, default=defaults["train_examples"],
                    help="size of the generated training pool (default: %(default)s)")
     g.add_argument("--eval-examples", type=positive_int, default=defaults["eval_examples"],
@@ -56,15 +72,19 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict) -> None:
                    help="training steps (default: %(default)s)")
     g.add_argument("--batch-size", type=positive_int, default=defaults["batch_size"],
                    help="(default: %(default)s)")
-    g.add_argument("--optimizer", choices=("adamw", "adafactor"), default="adamw")
+    g.add_argument("--optimizer", choices=("adamw", "adafactor"), default="adamw",
+                   help="(default: %(default)s)")
     g.add_argument("--learning-rate", type=positive_float, default=defaults["learning_rate"],
                    help="peak learning rate (default: %(default)s)")
     g.add_argument("--warmup-steps", type=non_negative_int, default=defaults["warmup_steps"],
                    help="(default: %(default)s)")
-    g.add_argument("--ntl-weight", type=non_negative_float, default=0.3,
-                   help="lambda in CE + lambda * NTL (default: %(default)s)")
+    g.add_argument("--ntl-weight", type=finite_non_negative_float, default=[0.3] if sweep else 0.3,
+                   nargs="+" if sweep else None, metavar="LAMBDA",
+                   help="lambda in CE + lambda * NTL" + (", several to sweep it" if sweep else "")
+                        + " (default: %(default)s)")
     g = parser.add_argument_group("logging and checkpoints")
-    g.add_argument("--log-every", type=positive_int, default=50)
+    g.add_argument("--log-every", type=positive_int, default=50,
+                   help="log training metrics every N steps (default: %(default)s)")
     g.add_argument("--checkpoint-every", type=positive_int, default=500,
                    help="a multiple of --log-every (default: %(default)s)")
     g.add_argument("--eval-every", type=non_negative_int, default=0,
@@ -81,32 +101,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="initialisation, dropout and data order (default: 0)")
     parser.add_argument("--out", required=True,
                         help="run directory; rerunning the same command resumes from it")
+    parser.add_argument("--init-from", metavar="RUN_DIR", default="",
+                        help="start from the final parameters of the finished run in RUN_DIR "
+                             "(same network and vocabulary; fresh optimizer state and this "
+                             "run's own schedule), e.g. to fine-tune a CE-pretrained model")
     add_run_arguments(parser, DEFAULTS)
 
 
-def make_config(args: argparse.Namespace, loss: str, seed: int):
-    """The `TrainConfig` described by parsed flags."""
+def make_config(args: argparse.Namespace, loss: str, seed: int, **overrides):
+    """The `TrainConfig` described by parsed flags (and `overrides` of its fields)."""
     from ntl_jax.train.data import DataConfig
     from ntl_jax.train.trainer import TrainConfig
 
+    arch = architecture(args)
     data = DataConfig(module=args.module, train_examples=args.train_examples,
-                      eval_examples=args.eval_examples, batch_size=args.batch_size, seed=seed)
-    return TrainConfig(loss=loss, preset=args.preset, steps=args.steps, seed=seed,
-                       optimizer=args.optimizer, learning_rate=args.learning_rate,
-                       warmup_steps=args.warmup_steps, ntl_weight=args.ntl_weight, data=data,
-                       log_every=args.log_every, checkpoint_every=args.checkpoint_every,
-                       eval_every=args.eval_every)
+                      eval_examples=args.eval_examples, batch_size=args.batch_size, seed=seed,
+                      architecture=arch)
+    fields = dict(loss=loss, preset=args.preset, architecture=arch, steps=args.steps,
+                  seed=seed, optimizer=args.optimizer, learning_rate=args.learning_rate,
+                  warmup_steps=args.warmup_steps, ntl_weight=args.ntl_weight, data=data,
+                  log_every=args.log_every, checkpoint_every=args.checkpoint_every,
+                  eval_every=args.eval_every)
+    if getattr(args, "init_from", ""):
+        fields["init_from"] = os.path.abspath(args.init_from)
+    return TrainConfig(**(fields | overrides))
 
 
 def check_module(module: str) -> None:
-    from ntl_jax.data import catalogue
+    from ntl_jax.train import data as data_lib
 
-    catalogue.check_module(module)
+    data_lib.check_task(module)
+
+
+def format_metrics(metrics: dict) -> str:
+    """`name  value` lines; a metric that could not be computed (None, NaN) is "n/a"."""
+    width = max((len(k) for k in metrics), default=0)
+    lines = []
+    for key, value in sorted(metrics.items()):
+        ok = isinstance(value, (int, float)) and math.isfinite(value)
+        lines.append(f"  {key:<{width}}  {f'{value:.4g}' if ok else 'n/a'}")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     from ntl_jax.train.checkpoint import CheckpointError
-    from ntl_jax.train.trainer import check_output_dir, train
+    from ntl_jax.train.trainer import Interrupted, check_output_dir, train
 
     try:
         check_module(args.module)
@@ -118,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, CheckpointError) as e:
         print(f"ntl-jax train: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"step": result["step"], "eval": result.get("eval", {})}, indent=2))
+    except Interrupted as e:
+        print(f"ntl-jax train: {e} (checkpoint {e.checkpoint})", file=sys.stderr)
+        return 130
+    print(f"step {result['step']}, evaluation:\n{format_metrics(result.get('eval', {}))}")
     tensorboard = os.path.join(out, "tensorboard")
     tensorboard = f"TensorBoard: {tensorboard}, " if os.path.isdir(tensorboard) else ""
     print(f"metrics: {out}/metrics.jsonl, {tensorboard}results: {out}/results.json")

@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
+from typing import Any
+
+
+def finite_or_none(tree: Any) -> Any:
+    """`tree` with every non-finite float replaced by None (strict JSON has no NaN)."""
+    if isinstance(tree, dict):
+        return {k: finite_or_none(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [finite_or_none(v) for v in tree]
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return None
+    return tree
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Strict JSON (NaN and inf become null), written to a temporary file and renamed."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(finite_or_none(obj), f, indent=2, allow_nan=False, default=str)
+    os.replace(tmp, path)
 
 
 class _EventFile:
@@ -70,7 +91,8 @@ class MetricsLog:
 
     def write(self, step: int, values: dict[str, float]) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps({"step": int(step), **values}) + "\n")
+            f.write(json.dumps(finite_or_none({"step": int(step), **values}),
+                               allow_nan=False) + "\n")
         if self._tb is not None:
             from tensorboard.compat.proto import summary_pb2
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -14,6 +17,7 @@ import numpy as np
 from ntl_jax.train import data as data_lib
 from ntl_jax.train import network, optim, step as step_lib
 from ntl_jax.train.checkpoint import Checkpointer, CheckpointError  # noqa: F401 (re-export)
+from ntl_jax.train.logging_utils import MetricsLog, finite_or_none, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +39,9 @@ class TrainConfig:
     dropout_rate: float = 0.0
     data: data_lib.DataConfig = data_lib.DataConfig()
     architecture: str = "encoder-decoder"  # network.ARCHITECTURES; = data.architecture
+    # Another run's directory: start from its final parameters (fresh optimizer state,
+    # this run's own schedule). Empty: initialise from `seed`.
+    init_from: str = ""
     # Bookkeeping (not part of a checkpoint's identity).
     log_every: int = 50
     checkpoint_every: int = 500
@@ -73,6 +80,29 @@ class TrainConfig:
         for key in ("log_every", "checkpoint_every", "eval_every", "eval_batch_size"):
             d.pop(key)
         return d
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGINT after saving a checkpoint at `step`."""
+
+    def __init__(self, step: int, checkpoint: str):
+        super().__init__(f"interrupted at step {step}; rerun the same command to resume")
+        self.step, self.checkpoint = step, checkpoint
+
+
+FINAL_PARAMS = "final_params.msgpack"  # a finished run's parameters, for --init-from
+FINAL_PARAMS_INFO = "final_params.json"  # their checksum, network and vocabulary
+
+
+def vocabulary_fingerprint(vocabulary) -> str:
+    """A hash of every piece of `vocabulary`: two runs can share parameters only if equal."""
+    piece = getattr(vocabulary, "id_to_piece", None) or (lambda i: vocabulary.decode([i]))
+    pieces = [str(piece(i)) for i in range(int(vocabulary.vocab_size))]
+    return hashlib.sha256("\n".join(pieces).encode()).hexdigest()[:16]
+
+
+def _network_identity(model_config) -> dict:
+    return {k: str(v) for k, v in dataclasses.asdict(model_config).items()}
 
 
 def check_output_dir(out_dir: str) -> str:
@@ -124,6 +154,83 @@ def _mean(records: list[dict]) -> dict[str, float]:
     return {k: float(np.mean([r[k] for r in host])) for k in host[0]}
 
 
+def save_final_params(out_dir: str, params: Any, model_config, vocabulary, step: int) -> None:
+    """Writes the parameters of a finished run with their checksum (for `--init-from`)."""
+    from flax import serialization
+
+    blob = serialization.to_bytes(jax.device_get(params))
+    path = os.path.join(out_dir, FINAL_PARAMS)
+    with open(f"{path}.tmp", "wb") as f:
+        f.write(blob)
+    os.replace(f"{path}.tmp", path)
+    write_json(os.path.join(out_dir, FINAL_PARAMS_INFO), {
+        "sha256": hashlib.sha256(blob).hexdigest(), "step": step,
+        "network": _network_identity(model_config),
+        "vocabulary": vocabulary_fingerprint(vocabulary)})
+
+
+def load_init_params(run_dir: str, target_params: Any, model_config, vocabulary) -> Any:
+    """The final parameters of the finished run in `run_dir`, checked against this run.
+
+    Raises:
+      ValueError: `run_dir` holds no finished run, its file fails its checksum, or its
+        network or vocabulary differs from this run's.
+    """
+    from flax import serialization
+
+    info_path = os.path.join(run_dir, FINAL_PARAMS_INFO)
+    params_path = os.path.join(run_dir, FINAL_PARAMS)
+    if not (os.path.exists(info_path) and os.path.exists(params_path)):
+        raise ValueError(f"--init-from expected a finished run directory with {FINAL_PARAMS} "
+                         f"and {FINAL_PARAMS_INFO}, got {run_dir} (train it to the end first)")
+    with open(info_path) as f:
+        info = json.load(f)
+    with open(params_path, "rb") as f:
+        blob = f.read()
+    if hashlib.sha256(blob).hexdigest() != info.get("sha256"):
+        raise ValueError(f"--init-from: {params_path} does not match the checksum in "
+                         f"{info_path}; the file is damaged")
+    diffs = [f"{k}: {run_dir} has {info['network'].get(k)!r}, this run has {v!r}"
+             for k, v in _network_identity(model_config).items()
+             if info["network"].get(k) != v]
+    if info.get("vocabulary") != vocabulary_fingerprint(vocabulary):
+        diffs.append("vocabulary: the pieces differ")
+    if diffs:
+        raise ValueError(f"--init-from expected a run with this network and vocabulary; "
+                         f"differences: {'; '.join(diffs)}")
+    try:
+        return serialization.from_bytes(target_params, blob)
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"--init-from: the parameters in {params_path} do not fit this "
+                         f"network ({e})") from e
+
+
+class _StopOnSigint:
+    """While active, the first Ctrl-C asks the loop to stop at the next step boundary
+    (a second one interrupts at once, as usual)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
 def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | None = None,
           progress: bool = True, tensorboard: bool = True, stop_after: int | None = None
           ) -> dict[str, Any]:
@@ -140,18 +247,22 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | 
         interrupted; used to test resuming.
 
     Returns:
-      A dict with "step", "eval" (`{"<split>/<metric>": value}`), "train" (last logged
-      training metrics) and "seconds".
+      A dict with "step", "eval" (`{"<split>/<metric>": value}`, None where a metric is
+      undefined, e.g. the correlation of constant predictions), "train" (last logged
+      training metrics), "seconds" and "state".
 
     Raises:
       ValueError: bad configuration or unwritable `out_dir`.
       CheckpointError: an existing checkpoint is unreadable or from another configuration.
+      Interrupted: Ctrl-C (SIGINT); a checkpoint of the last finished step was saved.
     """
     from tqdm import tqdm
 
     config.validate()
     out_dir = check_output_dir(out_dir)
     if data is None:
+        _say(f"generating {config.data.train_examples} training problems of "
+             f"{config.data.module} (seed {config.data.seed}) ...")
         data = data_lib.ArithmeticData(config.data)
     elif data.config != config.data:
         raise ValueError(f"data was built from {data.config}, the run wants {config.data}")
@@ -169,52 +280,84 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | 
     start = checkpointer.latest_step()
     if start is not None:
         state = checkpointer.restore(start, state, identity)
+        finished = _finished_results(out_dir, config.steps)
+        if start >= config.steps and finished is not None:
+            checkpointer.close()  # a finished run reports its results and changes nothing
+            return finished | {"state": state}
+        _say(f"resuming from step {start} (checkpoint "
+             f"{os.path.join(checkpointer.directory, str(start))})")
     else:
         start = 0
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(identity, f, indent=2, default=str)
-    from ntl_jax.train.logging_utils import MetricsLog
-
+        if config.init_from:
+            params = load_init_params(config.init_from, state.params, model_config, vocabulary)
+            state = state.replace(params=params, opt_state=optimizer.init(params))
+            _say(f"starting from the final parameters of {config.init_from}")
+    write_json(os.path.join(out_dir, "config.json"), identity)
     log = MetricsLog(out_dir, resume_step=start if start else None, tensorboard=tensorboard)
     end = config.steps if stop_after is None else min(stop_after, config.steps)
     bar = tqdm(total=config.steps, initial=start, disable=not progress, desc=config.loss,
                dynamic_ncols=True, leave=True)
-    window: list[dict] = []
-    last_train: dict[str, float] = {}
-    t_window, t_start = time.perf_counter(), time.perf_counter()
+    t_start = time.perf_counter()
+    sigint = _StopOnSigint()
     try:
-        for step in range(start, end):
-            state, metrics = train_step(state, data.batch(step))
-            window.append(metrics)
-            done = step + 1
-            if done % config.log_every == 0 or done == end:
-                last_train = _mean(window)
-                now = time.perf_counter()
-                rate = len(window) * config.data.batch_size / (now - t_window)
-                window, t_window = [], now
-                log.write(done, {f"train/{k}": v for k, v in last_train.items()}
-                          | {"train/examples_per_second": rate})
-                bar.set_postfix(loss=f"{last_train['loss']:.3f}",
-                                ce=f"{last_train['cross_entropy']:.3f}",
-                                ntl=f"{last_train['ntl']:.3f}", ex_s=f"{rate:.0f}")
-            bar.update(1)
-            if done % config.checkpoint_every == 0 or done == end:
-                checkpointer.save(done, state, identity)
-            if config.eval_every and done % config.eval_every == 0 and done < config.steps:
-                _evaluate_and_log(model, state, data, config, log, done, out_dir)
+        with sigint:
+            state, last_train = _train_loop(config, state, data, train_step, checkpointer,
+                                            identity, log, bar, sigint, start, end, model,
+                                            out_dir)
         step_done = int(jax.device_get(state.step))
         results: dict[str, Any] = {"step": step_done, "train": last_train,
                                    "seconds": time.perf_counter() - t_start}
         if step_done >= config.steps:
             results["eval"] = _evaluate_and_log(model, state, data, config, log, step_done,
                                                 out_dir, final=True)
-            with open(os.path.join(out_dir, "results.json"), "w") as f:
-                json.dump(results, f, indent=2)
-        return results | {"state": state}
+            save_final_params(out_dir, state.params, model_config, vocabulary, step_done)
+            write_json(os.path.join(out_dir, "results.json"), results)
+        return finite_or_none(results) | {"state": state}
     finally:
         bar.close()
         log.close()
         checkpointer.close()
+
+
+def _finished_results(out_dir: str, steps: int) -> dict | None:
+    """The stored results of a run that reached `steps`, or None."""
+    path = os.path.join(out_dir, "results.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        results = json.load(f)
+    return results if results.get("step") == steps and "eval" in results else None
+
+
+def _train_loop(config, state, data, train_step, checkpointer, identity, log, bar, sigint,
+                start, end, model, out_dir):
+    """Steps `start..end`; returns the state and the last logged training metrics."""
+    window: list[dict] = []
+    last_train: dict[str, float] = {}
+    t_window = time.perf_counter()
+    for step in range(start, end):
+        if sigint.requested:
+            checkpointer.save(step, state, identity)
+            raise Interrupted(step, os.path.join(checkpointer.directory, str(step)))
+        state, metrics = train_step(state, data.batch(step))
+        window.append(metrics)
+        done = step + 1
+        if done % config.log_every == 0 or done == end:
+            last_train = _mean(window)
+            now = time.perf_counter()
+            rate = len(window) * config.data.batch_size / (now - t_window)
+            window, t_window = [], now
+            log.write(done, {f"train/{k}": v for k, v in last_train.items()}
+                      | {"train/examples_per_second": rate})
+            bar.set_postfix(loss=f"{last_train['loss']:.3f}",
+                            ce=f"{last_train['cross_entropy']:.3f}",
+                            ntl=f"{last_train['ntl']:.3f}", ex_s=f"{rate:.0f}")
+        bar.update(1)
+        if done % config.checkpoint_every == 0 or done == end:
+            checkpointer.save(done, state, identity)
+        if config.eval_every and done % config.eval_every == 0 and done < config.steps:
+            _evaluate_and_log(model, state, data, config, log, done, out_dir)
+    return state, last_train
 
 
 def _evaluate_and_log(model, state, data, config, log, step, out_dir, final=False):
@@ -224,8 +367,8 @@ def _evaluate_and_log(model, state, data, config, log, step, out_dir, final=Fals
                                        data.target_length, config.eval_batch_size)
     log.write(step, {f"eval/{k}": v for k, v in metrics.items()})
     if final:
-        with open(os.path.join(out_dir, "predictions.json"), "w") as f:
-            json.dump({split: [{"question": q, "target": a, "prediction": p}
-                               for q, a, p in zip(s.questions, s.answers, preds[split])]
-                       for split, s in data.eval_sets.items()}, f, indent=1)
+        write_json(os.path.join(out_dir, "predictions.json"),
+                   {split: [{"question": q, "target": a, "prediction": p}
+                            for q, a, p in zip(s.questions, s.answers, preds[split])]
+                    for split, s in data.eval_sets.items()})
     return metrics

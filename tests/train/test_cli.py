@@ -27,7 +27,8 @@ def test_train_end_to_end_and_rerun_resumes(real_data, tmp_path, capsys):
     argv = ["train", "--loss", "ntl-mse", "--steps", "3", "--seed", "1", "--out", out] + MICRO
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    assert '"step": 3' in printed
+    assert "generating 16 training problems of arithmetic__add_or_sub (seed 1) ..." in printed
+    assert "step 3, evaluation:" in printed and "resuming" not in printed
     results = json.load(open(os.path.join(out, "results.json")))
     assert results["step"] == 3
     assert 0.0 <= results["eval"]["test_interpolate/number_accuracy"] <= 1.0
@@ -37,9 +38,10 @@ def test_train_end_to_end_and_rerun_resumes(real_data, tmp_path, capsys):
     assert all(np.isfinite(r["train/ntl"]) for r in records if "train/ntl" in r)
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(out, "tensorboard")))
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["2", "3"]
-    # The same command again finds the finished run and only re-evaluates.
+    # The same command again finds the finished run and reports its results.
     assert cli.main(argv) == 0
     assert json.load(open(os.path.join(out, "results.json")))["eval"] == results["eval"]
+    assert "step 3, evaluation:" in capsys.readouterr().out
     # Another loss into the same directory is refused, and the checkpoint survives.
     bad = list(argv)
     bad[bad.index("ntl-mse")] = "ce"
@@ -48,16 +50,39 @@ def test_train_end_to_end_and_rerun_resumes(real_data, tmp_path, capsys):
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["2", "3"]
 
 
-def test_compare_end_to_end(real_data, tmp_path, capsys):
-    out = str(tmp_path / "cmp")
-    argv = ["compare", "--steps", "2", "--losses", "ce", "ntl-was", "--out", out] + MICRO
+def test_train_resumes_saying_from_where(real_data, tmp_path, capsys, monkeypatch):
+    out = str(tmp_path / "run")
+    argv = ["train", "--loss", "ce", "--steps", "4", "--out", out] + MICRO
+    from ntl_jax.train import trainer
+
+    real_train = trainer.train
+    monkeypatch.setattr(trainer, "train", lambda *a, **k: real_train(*a, **k, stop_after=2))
     assert cli.main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "| ce | 1 |" in printed and "| ntl-was | 1 |" in printed
-    assert os.path.getsize(os.path.join(out, "compare.png")) > 10_000
-    summary = json.load(open(os.path.join(out, "compare.json")))["summary"]
-    assert set(summary) == {"ce", "ntl-was"}
-    assert len(summary["ce"]["test_interpolate/mae"]["values"]) == 1
+    monkeypatch.setattr(trainer, "train", real_train)
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    checkpoint = os.path.join(out, "checkpoints", "2")
+    assert f"resuming from step 2 (checkpoint {checkpoint})" in capsys.readouterr().out
+
+
+def test_interrupted_train_exits_130_with_one_line(tmp_path, capsys, monkeypatch):
+    from ntl_jax.train import trainer
+
+    def interrupted(*args, **kwargs):
+        raise trainer.Interrupted(7, "run/checkpoints/7")
+
+    monkeypatch.setattr(trainer, "train", interrupted)
+    assert cli.main(["train", "--out", str(tmp_path)] + MICRO) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == ("ntl-jax train: interrupted at step 7; rerun the same command to "
+                           "resume (checkpoint run/checkpoints/7)")
+
+
+def test_metric_table_says_n_a_for_undefined_metrics():
+    from ntl_jax.train.cli_train import format_metrics
+
+    assert format_metrics({"b/pearson": None, "a/acc": 0.5, "c/r2": float("nan")}) == (
+        "  a/acc      0.5\n  b/pearson  n/a\n  c/r2       n/a")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -65,6 +90,7 @@ def test_compare_end_to_end(real_data, tmp_path, capsys):
     (["--loss", "ntl-foo"], "invalid choice: 'ntl-foo'"),
     (["--learning-rate", "-1"], "expected a positive number"),
     (["--preset", "huge"], "invalid choice: 'huge'"),
+    (["--ntl-weight", "inf"], "expected a finite number >= 0, got inf"),
 ])
 def test_train_rejects_bad_flags(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as e:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -140,3 +141,137 @@ def test_bad_config_and_unwritable_output(vocabulary, tmp_path):
     blocker.write_text("x")
     with pytest.raises(ValueError, match="not writable"):
         trainer.train(_config(data), str(blocker / "sub"), data=data)
+
+
+class _InterruptAt(data_lib.ArithmeticData):
+    """Sends this process SIGINT while serving batch `at`, as Ctrl-C would."""
+
+    at = -1
+
+    def batch(self, step):
+        if step == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().batch(step)
+
+
+def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_identically(vocabulary, tmp_path):
+    data = _data(vocabulary)
+    cfg = _config(data)
+    full = trainer.train(cfg, str(tmp_path / "full"), data=data, progress=False,
+                         tensorboard=False)
+    stopped = _InterruptAt(data.config, vocabulary=vocabulary, example_source=addition_source)
+    stopped.at = 6  # Ctrl-C during step 7: step 7 finishes, then the run stops at step 7
+    out = str(tmp_path / "run")
+    with pytest.raises(trainer.Interrupted, match="interrupted at step 7; rerun the same "
+                                                  "command to resume") as e:
+        trainer.train(cfg, out, data=stopped, progress=False, tensorboard=False)
+    assert e.value.step == 7
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["4", "7"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    resumed = trainer.train(cfg, out, data=data, progress=False, tensorboard=False)
+    for a, b in zip(jax.tree_util.tree_leaves(full["state"]),
+                    jax.tree_util.tree_leaves(resumed["state"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert resumed["eval"] == full["eval"]
+
+
+def test_finished_run_reports_its_results_and_changes_nothing(vocabulary, tmp_path, capsys):
+    data = _data(vocabulary)
+    out = str(tmp_path / "run")
+    first = trainer.train(_config(data, steps=4), out, data=data, progress=False,
+                          tensorboard=False)
+    before = {name: open(os.path.join(out, name)).read()
+              for name in ("metrics.jsonl", "results.json")}
+    again = trainer.train(_config(data, steps=4), out, data=data, tensorboard=False)
+    assert again["eval"] == first["eval"] and again["train"] == first["train"]
+    assert {name: open(os.path.join(out, name)).read() for name in before} == before
+
+
+def test_results_are_strict_json_with_null_for_undefined_metrics(vocabulary, tmp_path,
+                                                                 monkeypatch):
+    path = str(tmp_path / "x.json")
+    trainer.write_json(path, {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}})
+
+    def reject(constant):
+        raise AssertionError(f"non-standard JSON constant {constant}")
+
+    assert json.loads(open(path).read(), parse_constant=reject) == {
+        "a": None, "b": [1.0, None], "c": {"d": 2}}
+    # The correlation of constant predictions is undefined (NaN): null in every file.
+    from ntl_jax.train import evaluate
+
+    monkeypatch.setattr(evaluate, "score", lambda preds, targets: {
+        "pearson": float("nan"), "number_accuracy": 0.25})
+    data = _data(vocabulary)
+    out = str(tmp_path / "run")
+    result = trainer.train(_config(data, steps=2), out, data=data, progress=False,
+                           tensorboard=False)
+    assert result["eval"] == {"test_interpolate/pearson": None,
+                              "test_interpolate/number_accuracy": 0.25,
+                              "test_extrapolate/pearson": None,
+                              "test_extrapolate/number_accuracy": 0.25}
+    for name in ("results.json", "metrics.jsonl"):
+        for line in (open(os.path.join(out, name)).read().splitlines() if name.endswith("l")
+                     else [open(os.path.join(out, name)).read()]):
+            json.loads(line, parse_constant=reject)
+    assert json.load(open(os.path.join(out, "results.json")))["eval"] == result["eval"]
+
+
+def _finished(vocabulary, tmp_path, name="pre", **kw):
+    data = _data(vocabulary)
+    out = str(tmp_path / name)
+    result = trainer.train(_config(data, steps=4, loss="ce", **kw), out, data=data,
+                           progress=False, tensorboard=False)
+    return data, out, result
+
+
+def test_init_from_starts_from_the_final_parameters_with_a_fresh_optimizer(vocabulary,
+                                                                            tmp_path):
+    data, pre, pretrained = _finished(vocabulary, tmp_path)
+    cfg = _config(data, steps=1, init_from=pre, learning_rate=1e-9, warmup_steps=0)
+    tuned = trainer.train(cfg, str(tmp_path / "tuned"), data=data, progress=False,
+                          tensorboard=False)
+    # One step at a learning rate of 1e-9 leaves the pretrained parameters (almost) as
+    # they were, and the optimizer state is new: its step counter restarted.
+    for a, b in zip(jax.tree_util.tree_leaves(pretrained["state"].params),
+                    jax.tree_util.tree_leaves(tuned["state"].params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    assert int(tuned["state"].step) == 1
+    counts = [int(x) for x in jax.tree_util.tree_leaves(tuned["state"].opt_state)
+              if getattr(x, "dtype", None) == np.int32 and x.ndim == 0]
+    assert counts and max(counts) == 1
+    # From a random initialisation the same step lands far from the pretrained values.
+    fresh = trainer.train(_config(data, steps=1, learning_rate=1e-9, warmup_steps=0),
+                          str(tmp_path / "fresh"), data=data, progress=False,
+                          tensorboard=False)
+    diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
+        jax.tree_util.tree_leaves(pretrained["state"].params),
+        jax.tree_util.tree_leaves(fresh["state"].params)))
+    assert diff > 0.01
+
+
+def test_init_from_rejects_unfinished_mismatched_and_damaged_runs(vocabulary, tmp_path):
+    data, pre, _ = _finished(vocabulary, tmp_path)
+    with pytest.raises(ValueError, match="expected a finished run directory"):
+        trainer.train(_config(data, init_from=str(tmp_path / "missing")),
+                      str(tmp_path / "a"), data=data, progress=False, tensorboard=False)
+    with pytest.raises(ValueError, match="emb_dim: .* has '16', this run has '64'"):
+        trainer.train(_config(data, preset="tiny", init_from=pre), str(tmp_path / "b"),
+                      data=data, progress=False, tensorboard=False)
+
+    class OtherPieces(type(vocabulary)):
+        chars = type(vocabulary).chars[::-1]
+
+    other = data_lib.ArithmeticData(data.config, vocabulary=OtherPieces(),
+                                    example_source=addition_source)
+    with pytest.raises(ValueError, match="vocabulary: the pieces differ"):
+        trainer.train(_config(data, init_from=pre), str(tmp_path / "c"), data=other,
+                      progress=False, tensorboard=False)
+    with open(os.path.join(pre, trainer.FINAL_PARAMS), "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 1]))  # one flipped bit
+    with pytest.raises(ValueError, match="does not match the checksum"):
+        trainer.train(_config(data, init_from=pre), str(tmp_path / "d"), data=data,
+                      progress=False, tensorboard=False)

@@ -1,0 +1,133 @@
+"""`ntl-jax compare`: pairing by seed, the two protocols, parallel runs, the result file."""
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("flax")
+pytest.importorskip("orbax.checkpoint")
+pytest.importorskip("mathematics_dataset")
+
+from ntl_jax import cli  # noqa: E402
+from ntl_jax.train import cli_compare  # noqa: E402
+
+MICRO = ["--preset", "micro", "--train-examples", "16", "--eval-examples", "4",
+         "--batch-size", "8", "--log-every", "1", "--checkpoint-every", "2", "--no-progress",
+         "--no-tensorboard"]
+
+
+def _args(argv):
+    return cli.build_parser(["compare"] + argv).parse_args(["compare"] + argv)
+
+
+def _first_step_ce(out, run):
+    with open(os.path.join(out, run["run_dir"], "metrics.jsonl")) as f:
+        first = json.loads(f.readline())
+    assert first["step"] == 1
+    return first["train/cross_entropy"]
+
+
+def test_help_shows_seeds_protocols_and_tasks(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--seeds", "--protocol {scratch,finetune}", "--task {arithmetic,multiplication}",
+                 "--jobs", "--finetune-learning-rate", "--ntl-weight LAMBDA [LAMBDA ...]"):
+        assert flag in text
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    assert "--init-from RUN_DIR" in capsys.readouterr().out
+
+
+def test_plan_pairs_each_variant_with_the_ce_run_of_its_seed_and_learning_rate(tmp_path):
+    args = _args(["--seeds", "2", "--losses", "ntl-was", "ntl-mse", "--ntl-weight", "0.1", "1",
+                  "--out", str(tmp_path)])
+    pretrain, runs = cli_compare.plan(args, str(tmp_path))
+    assert pretrain == []
+    assert [(r.label, r.seed, r.baseline) for r in runs] == [
+        (label, seed, None if label == "ce" else "ce") for seed in (0, 1)
+        for label in ("ce", "ntl-was λ=0.1", "ntl-was λ=1", "ntl-mse λ=0.1", "ntl-mse λ=1")]
+    assert [r.ntl_weight for r in runs[:5]] == [0.0, 0.1, 1.0, 0.1, 1.0]
+
+    args = _args(["--protocol", "finetune", "--seeds", "2", "--learning-rate", "0.003",
+                  "--finetune-learning-rate", "0.001", "0.0003", "--pretrain-steps", "7",
+                  "--steps", "5", "--out", str(tmp_path)])
+    pretrain, runs = cli_compare.plan(args, str(tmp_path))
+    assert [(p.label, p.seed, p.steps, p.learning_rate, p.loss) for p in pretrain] == [
+        ("pretrain-ce", 0, 7, 0.003, "ce"), ("pretrain-ce", 1, 7, 0.003, "ce")]
+    assert [(r.label, r.seed, r.baseline, r.learning_rate, r.steps) for r in runs[:4]] == [
+        ("ce lr=0.001", 0, None, 0.001, 5), ("ntl-was lr=0.001", 0, "ce lr=0.001", 0.001, 5),
+        ("ce lr=0.0003", 0, None, 0.0003, 5), ("ntl-was lr=0.0003", 0, "ce lr=0.0003", 0.0003, 5)]
+    assert {r.init_from for r in runs if r.seed == 1} == {cli_compare.run_dir(str(tmp_path),
+                                                                              pretrain[1])}
+    # The default fine-tuning rate is a third of the pretraining rate.
+    args = _args(["--protocol", "finetune", "--learning-rate", "0.003", "--out", str(tmp_path)])
+    assert {r.learning_rate for r in cli_compare.plan(args, str(tmp_path))[1]} == {0.001}
+
+
+def test_scratch_runs_of_a_seed_share_initialisation_and_batches(tmp_path, capsys):
+    out = str(tmp_path / "cmp")
+    argv = ["compare", "--steps", "2", "--seeds", "2", "--out", out] + MICRO
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "ntl-was − ce" in printed or "ntl-was - ce" in printed
+    result = json.load(open(os.path.join(out, "compare.json")))
+    assert result["command"] == "ntl-jax " + " ".join(argv)
+    assert {"jax", "flax", "optax", "python"} <= set(result["versions"])
+    runs = {(r["loss"], r["seed"]): r for r in result["runs"]}
+    assert set(runs) == {("ce", 0), ("ntl-was", 0), ("ce", 1), ("ntl-was", 1)}
+    # Step 1's cross-entropy is computed before any update: equal init and batch give
+    # the same value whatever the loss; another seed gives another value.
+    for seed in (0, 1):
+        assert _first_step_ce(out, runs["ce", seed]) == _first_step_ce(out, runs["ntl-was", seed])
+    assert _first_step_ce(out, runs["ce", 0]) != _first_step_ce(out, runs["ce", 1])
+    paired = result["paired"]["ntl-was"]["test_interpolate/number_accuracy"]
+    assert paired["n"] == 2 and len(paired["ci95"]) == 2
+    diffs = [runs["ntl-was", s]["metrics"]["test_interpolate/number_accuracy"]
+             - runs["ce", s]["metrics"]["test_interpolate/number_accuracy"] for s in (0, 1)]
+    assert paired["mean_diff"] == pytest.approx(sum(diffs) / 2)
+    assert result["summary"]["ce"]["test_interpolate/number_accuracy"]["n"] == 2
+    assert os.path.getsize(os.path.join(out, "compare.png")) > 10_000
+    # Rerunning reuses every finished run.
+    assert cli.main(argv) == 0
+    again = json.load(open(os.path.join(out, "compare.json")))
+    assert again["runs"] == result["runs"]
+
+
+def test_finetune_starts_every_loss_from_the_seed_s_pretrained_parameters(tmp_path):
+    out = str(tmp_path / "ft")
+    argv = ["compare", "--protocol", "finetune", "--steps", "2", "--pretrain-steps", "2",
+            "--seeds", "1", "--out", out] + MICRO
+    assert cli.main(argv) == 0
+    result = json.load(open(os.path.join(out, "compare.json")))
+    (pre,) = result["pretrain_runs"]
+    assert pre["loss"] == "pretrain-ce" and pre["steps"] == 2
+    runs = {r["loss"]: r for r in result["runs"]}
+    assert runs["ce"]["init_from"] == runs["ntl-was"]["init_from"] == pre["run_dir"]
+    assert runs["ce"]["learning_rate"] == pytest.approx(3e-3 / 3)
+    # Both fine-tunings start from the same pretrained parameters, which (after two
+    # updates) fit the first batch differently than the random initialisation did.
+    assert _first_step_ce(out, runs["ce"]) == _first_step_ce(out, runs["ntl-was"])
+    assert _first_step_ce(out, runs["ce"]) != _first_step_ce(out, pre)
+
+
+def test_parallel_runs_give_the_same_results_as_one_process(tmp_path):
+    common = ["compare", "--steps", "2", "--seeds", "1", "--losses", "ce", "ntl-mse"] + MICRO
+    assert cli.main(common + ["--out", str(tmp_path / "one")]) == 0
+    assert cli.main(common + ["--out", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    one = json.load(open(tmp_path / "one" / "compare.json"))
+    two = json.load(open(tmp_path / "two" / "compare.json"))
+    assert [(r["loss"], r["metrics"]) for r in one["runs"]] == \
+        [(r["loss"], r["metrics"]) for r in two["runs"]]
+
+
+def test_interrupted_compare_exits_130_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    from ntl_jax.train import trainer
+
+    def interrupted(*args, **kwargs):
+        raise trainer.Interrupted(5, "somewhere/5")
+
+    monkeypatch.setattr(trainer, "train", interrupted)
+    assert cli.main(["compare", "--steps", "2", "--out", str(tmp_path)] + MICRO) == 130
+    assert "interrupted; rerun the same command to resume" in capsys.readouterr().err
