@@ -119,8 +119,13 @@ def render(result: dict) -> str:
     lines = []
     if result.get("title"):
         lines += [f"**{result['title']}**", ""]
-    lines += [f"`{result.get('command', '')}` · {result.get('machine', 'n/a')} · "
-              f"wall time {fmt_seconds(result.get('seconds'))}", ""]
+    timing = f"wall time {fmt_seconds(result.get('seconds'))}"
+    if result.get("reused_runs"):
+        timing += (f" ({result['reused_runs']} of {result['total_runs']} runs finished by an "
+                   f"earlier invocation)")
+    if result.get("run_seconds"):
+        timing += f", training time of all runs {fmt_seconds(result['run_seconds'])}"
+    lines += [f"`{result.get('command', '')}` · {result.get('machine', 'n/a')} · {timing}", ""]
 
     rows = []
     for label, per_metric in summary.items():

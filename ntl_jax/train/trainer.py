@@ -329,6 +329,21 @@ def _finished_results(out_dir: str, steps: int) -> dict | None:
     return results if results.get("step") == steps and "eval" in results else None
 
 
+def finished_run(config: TrainConfig, out_dir: str) -> dict | None:
+    """The stored results of `out_dir` if it holds this configuration's finished run.
+
+    Lets a caller skip generating data for a run that `train` would only report.
+    """
+    try:
+        with open(os.path.join(out_dir, "config.json")) as f:
+            stored = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if stored != json.loads(json.dumps(config.identity())):
+        return None
+    return _finished_results(out_dir, config.steps)
+
+
 def _train_loop(config, state, data, train_step, checkpointer, identity, log, bar, sigint,
                 start, end, model, out_dir):
     """Steps `start..end`; returns the state and the last logged training metrics."""
