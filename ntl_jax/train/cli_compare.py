@@ -64,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="number of seeds, 0..N-1; a seed fixes initialisation and data "
                              "order for every loss (default: %(default)s)")
     parser.add_argument("--losses", nargs="+", choices=cli_train.LOSSES, default=list(LOSSES),
-                        help="losses to compare; 'ce' is the baseline and always runs "
-                             "(default: %(default)s)")
+                        metavar="LOSS",
+                        help=f"losses to compare, of {', '.join(cli_train.LOSSES)}; 'ce' is "
+                             "the baseline and always runs (default: ce ntl-was)")
     parser.add_argument("--jobs", type=cli_train.positive_int, default=1,
                         help="runs trained at the same time, in separate processes "
                              "(default: %(default)s)")
@@ -77,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="fine-tuning learning rate(s); --learning-rate is pretraining's "
                         "(default: a third of --learning-rate)")
     g = parser.add_argument_group("reporting")
-    g.add_argument("--high-mode-threshold", type=float, default=0.6,
+    g.add_argument("--high-mode-threshold", default=0.6,
+                   type=cli_train.checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
                    help="also report the share of seeds whose interpolation accuracy exceeds "
                         "this (outcomes can be bimodal across seeds) (default: %(default)s)")
     cli_train.add_run_arguments(parser, DEFAULTS, sweep=True)
