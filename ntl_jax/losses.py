@@ -8,24 +8,35 @@ host synchronisation, so they run under `jit`, `vmap`, `grad` and sharding.
 
 Conventions (optax style): arrays first, options keyword-only. `logits` is
 `[batch, length, vocab]` (f32, bf16 or f16; computed in f32), `targets` `[batch,
-length]` integer token ids, `weights` `[batch, length]` non-negative (0 ignores a
-position, like ntloss's `ignore_index`; a target id outside the vocabulary is not a
-number token either). A position counts when its target is a number token (for the
-number-level loss: when it starts a number). `reduction`:
+length]` integer token ids, `weights` `[batch, length]` finite and non-negative.
+A position is ignored, like ntloss's `ignore_index`, when its weight is 0 or its target
+id is outside `[0, vocab)`: it contributes exactly 0 whatever its logits hold (NaN and
+infinities included, gradients too) and it breaks a run of digits in the number-level
+loss. A position counts when its target is a number token and it is not ignored (for
+the number-level loss: when it starts a number). `reduction`:
 
 - `"none"`: `[batch, length]`, loss x weight at counted positions, 0 elsewhere;
 - `"sum"`: the sum of that;
 - `"mean"`: that sum over the sum of the weights at counted positions (0 if none).
 
 `reweigh` defaults to False as in the paper; ntloss defaults to True.
+
+Arguments are checked when the function is traced: shapes, dtypes, Python options, and
+the values of weights that are concrete arrays (negative or non-finite weights raise
+`ValueError`). Under `jit` the weights are traced and cannot be looked at: they are
+assumed finite and non-negative.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+import math
+import numbers as _pynumbers
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ntl_jax.numbers import NumberTokens, check_squash_factor
 
@@ -44,10 +55,73 @@ _REWEIGH_MARGIN = 1.01
 # -- input checks ---------------------------------------------------------------
 
 
+def check_array(name: str, x, expected: str) -> None:
+    """Raises TypeError unless `x` is an array (not a Python list, tuple or scalar)."""
+    if isinstance(x, (list, tuple)):
+        raise TypeError(
+            f"expected {name} as an array of shape {expected} (jax.Array or numpy.ndarray), "
+            f"got a Python {type(x).__name__}; convert it with jnp.asarray"
+        )
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"expected {name} as an array of shape {expected}, got {type(x).__name__}")
+
+
+def is_concrete(x) -> bool:
+    """True when `x` holds values Python can read (not a tracer inside `jit`/`grad`)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_weight_values(weights) -> None:
+    """Raises ValueError if concrete `weights` hold a negative or non-finite value.
+
+    Traced weights (inside `jit`) cannot be checked; they are assumed valid.
+    """
+    if weights is None or not is_concrete(weights):
+        return
+    w = np.asarray(weights, np.float32)
+    if not np.isfinite(w).all():
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(w))[0])
+        raise ValueError(f"expected finite weights, got {w[where]} at index {where}")
+    if (w < 0).any():
+        where = tuple(int(i) for i in np.argwhere(w < 0)[0])
+        raise ValueError(f"expected non-negative weights, got {w[where]} at index {where}")
+
+
+def check_real(name: str, value, *, low: float, low_inclusive: bool = True, high: float | None = None) -> None:
+    """Raises unless `value` is a finite real number in the given range.
+
+    Python and numpy scalars and concrete 0-d arrays are checked; traced values are not.
+    """
+    if isinstance(value, (bool, np.bool_)) or not (
+        isinstance(value, _pynumbers.Real) or (hasattr(value, "shape") and hasattr(value, "dtype"))
+    ):
+        raise TypeError(f"expected {name} to be a real number, got {type(value).__name__} {value!r}")
+    if hasattr(value, "dtype"):
+        if not (jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer)):
+            raise TypeError(f"expected {name} to be a real number, got an array of {value.dtype}")
+        if jnp.shape(value) != ():
+            raise ValueError(f"expected {name} to be a scalar, got shape {jnp.shape(value)}")
+        if not is_concrete(value):
+            return
+        value = float(np.asarray(value))
+    bounds = f"{'>=' if low_inclusive else '>'} {low}" + (f" and < {high}" if high is not None else "")
+    if not math.isfinite(value):
+        raise ValueError(f"expected {name} finite and {bounds}, got {value}")
+    if value < low or (value == low and not low_inclusive) or (high is not None and value >= high):
+        raise ValueError(f"expected {name} {bounds}, got {value}")
+
+
+def check_bool(name: str, value) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"expected {name} to be True or False, got {type(value).__name__} {value!r}")
+
+
 def check_inputs(logits, targets, number_tokens: NumberTokens, weights=None):
-    """Checks ranks, shapes and dtypes at trace time; returns `weights` as f32 or None."""
+    """Checks ranks, shapes and dtypes at trace time (and the values of concrete
+    weights); returns `weights` as f32 or None."""
     if not isinstance(number_tokens, NumberTokens):
         raise TypeError(f"expected number_tokens to be a NumberTokens, got {type(number_tokens).__name__}")
+    check_array("logits", logits, "[batch, length, vocab]")
     logits_shape = jnp.shape(logits)
     if len(logits_shape) != 3:
         raise ValueError(f"expected logits of rank 3 [batch, length, vocab], got shape {logits_shape}")
@@ -60,6 +134,7 @@ def check_inputs(logits, targets, number_tokens: NumberTokens, weights=None):
         )
     if targets is None:
         return None
+    check_array("targets", targets, "[batch, length]")
     targets_shape = jnp.shape(targets)
     if len(targets_shape) != 2:
         raise ValueError(f"expected targets of rank 2 [batch, length], got shape {targets_shape}")
@@ -69,15 +144,39 @@ def check_inputs(logits, targets, number_tokens: NumberTokens, weights=None):
         raise ValueError(
             f"expected targets of shape {logits_shape[:2]} (logits' first two axes), got {targets_shape}"
         )
+    return check_weights(weights, targets_shape)
+
+
+def check_weights(weights, targets_shape):
+    """Checks `weights` against the targets' shape; returns them as f32 (or None)."""
     if weights is None:
         return None
+    check_array("weights", weights, "[batch, length]")
     weights_shape = jnp.shape(weights)
-    if weights_shape != targets_shape:
-        raise ValueError(f"expected weights of shape {targets_shape} (as targets), got {weights_shape}")
+    if weights_shape != tuple(targets_shape):
+        raise ValueError(
+            f"expected weights of shape {tuple(targets_shape)} [batch, length] (as targets), got {weights_shape}"
+        )
     dtype = jnp.result_type(weights)
     if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_):
         raise TypeError(f"expected real-valued weights, got {dtype}")
+    check_weight_values(weights)
     return jnp.asarray(weights, jnp.float32)
+
+
+def ignore_positions(logits, targets, weights, vocab_size: int):
+    """Sanitises ignored positions (weight 0, or a target outside `[0, vocab_size)`).
+
+    Returns `(logits, targets, keep)`: the logits zeroed and the targets set to -1 at
+    ignored positions (so they are no number token and break digit runs), and `keep`
+    `[batch, length]` bool. Done with `where` before any arithmetic, so NaN or infinite
+    logits at ignored positions reach neither the loss nor its gradient.
+    """
+    keep = (targets >= 0) & (targets < vocab_size)
+    if weights is not None:
+        keep &= weights != 0
+    logits = jnp.where(keep[..., None], logits, jnp.zeros((), logits.dtype))
+    return logits, jnp.where(keep, targets, -1), keep
 
 
 def _check_reduction(reduction: str) -> None:
@@ -104,16 +203,30 @@ def _number_log_probs(logits, number_tokens: NumberTokens):
     return jax.nn.log_softmax(number_logits, axis=-1), number_logits
 
 
-def _number_mass(number_logits, logits, log_normalizer=None):
-    """Full-vocabulary probability on number tokens, `[batch, length]`."""
+def _number_mass(logits, number_tokens: NumberTokens, log_normalizer=None):
+    """`(mass, rest)`, both `[batch, length]`: the full-vocabulary probability on the
+    number tokens and on the other tokens (`1 - mass`, without its cancellation).
+
+    Both sums are taken with the same shift and divided by their total, so the
+    rounding of the shift cancels: each is accurate to a few float32 ulps even when
+    the logits are large and one of them is close to 1.
+    """
+    logits = logits.astype(jnp.float32)
     if log_normalizer is None:
-        log_normalizer = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
-    return jnp.sum(jnp.exp(number_logits - log_normalizer[..., None]), axis=-1)
+        log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+    # Any shift gives the same ratios; this one keeps every exponent <= ~0.
+    shift = jax.lax.stop_gradient(log_normalizer)[..., None]
+    probs = jnp.exp(logits - shift)
+    is_number = ~jnp.isnan(jnp.asarray(number_tokens.values, jnp.float32))
+    mass = jnp.sum(jnp.where(is_number, probs, 0.0), axis=-1)
+    rest = jnp.sum(jnp.where(is_number, 0.0, probs), axis=-1)
+    total = mass + rest
+    return mass / total, rest / total
 
 
-def _reweigh(loss, number_logits, logits, max_dist, log_normalizer=None):
-    mass = _number_mass(number_logits, logits, log_normalizer)
-    return loss * mass + _REWEIGH_MARGIN * max_dist * (1.0 - mass)
+def _reweigh(loss, logits, number_tokens, max_dist, log_normalizer=None):
+    mass, rest = _number_mass(logits, number_tokens, log_normalizer)
+    return loss * mass + _REWEIGH_MARGIN * max_dist * rest
 
 
 def reduce_loss(loss, counted, weights, reduction: str):
@@ -155,7 +268,7 @@ def _was_per_position(logits, targets, number_tokens, *, reweigh, squash_factor,
         max_dist = jnp.max(v) - jnp.min(v)
     loss = jnp.sum(jnp.exp(log_p) * dist, axis=-1)
     if reweigh:
-        loss = _reweigh(loss, number_logits, logits, max_dist, log_normalizer)
+        loss = _reweigh(loss, logits, number_tokens, max_dist, log_normalizer)
     return loss, is_number
 
 
@@ -169,7 +282,7 @@ def _dot_per_position(logits, targets, number_tokens, *, loss, reweigh, log_norm
     if reweigh:
         # ntloss: the largest value the loss takes between the extreme token values.
         max_dist = fn(jnp.max(v) - jnp.min(v))
-        per_position = _reweigh(per_position, number_logits, logits, max_dist, log_normalizer)
+        per_position = _reweigh(per_position, logits, number_tokens, max_dist, log_normalizer)
     return per_position, is_number
 
 
@@ -242,7 +355,7 @@ def _number_level_per_position(logits, targets, number_tokens, *, float_level, r
     # Symmetric MAPE, bounded in [0, 1].
     loss = jnp.abs(yhat_num - y_num) / (jnp.abs(yhat_num) + jnp.abs(y_num) + _EPS)
     if reweigh:
-        loss = _reweigh(loss, number_logits, logits, jnp.float32(1.0), log_normalizer)
+        loss = _reweigh(loss, logits, number_tokens, jnp.float32(1.0), log_normalizer)
     return loss, starts
 
 
@@ -314,7 +427,9 @@ def ntl_was(
     """
     _check_reduction(reduction)
     check_squash_factor(squash_factor)
+    check_bool("reweigh", reweigh)
     weights = check_inputs(logits, targets, number_tokens, weights)
+    logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
     loss, counted = _was_per_position(logits, targets, number_tokens, reweigh=reweigh, squash_factor=squash_factor)
     return reduce_loss(loss, counted, weights, reduction)
 
@@ -353,7 +468,9 @@ def ntl_dot(
     """
     _check_reduction(reduction)
     _dot_loss_fn(loss)
+    check_bool("reweigh", reweigh)
     weights = check_inputs(logits, targets, number_tokens, weights)
+    logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
     per_position, counted = _dot_per_position(logits, targets, number_tokens, loss=loss, reweigh=reweigh)
     return reduce_loss(per_position, counted, weights, reduction)
 
@@ -394,7 +511,9 @@ def number_level_loss(
     0.2727
     """
     _check_reduction(reduction)
+    check_bool("reweigh", reweigh)
     weights = check_inputs(logits, targets, number_tokens, weights)
+    logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
     loss, counted = _number_level_per_position(
         logits, targets, number_tokens, float_level=float_level, reweigh=reweigh
     )
@@ -416,7 +535,9 @@ def number_token_loss(
     `"number_level"`, `"number_level_float"`. Other arguments as in `ntl_was`."""
     _check_reduction(reduction)
     check_squash_factor(squash_factor)
+    check_bool("reweigh", reweigh)
     weights = check_inputs(logits, targets, number_tokens, weights)
+    logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
     loss, counted = per_position_loss(
         logits, targets, number_tokens, kind=kind, reweigh=reweigh, squash_factor=squash_factor
     )
@@ -444,4 +565,4 @@ def predict_numbers(logits, number_tokens: NumberTokens):
     check_inputs(logits, None, number_tokens)
     log_p, number_logits = _number_log_probs(logits, number_tokens)
     value = jnp.sum(jnp.exp(log_p) * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
-    return value, _number_mass(number_logits, logits)
+    return value, _number_mass(logits, number_tokens)[0]

@@ -71,8 +71,15 @@ class NumberTokens:
             finite float (`12`, `-1`, `3.5`, `07`) is one.
 
         Raises:
+          TypeError: if `pieces` is a single string (rather than one string per id) or
+            holds something other than strings.
           ValueError: if no token, or every token, is a number.
         """
+        if isinstance(pieces, (str, bytes)):
+            raise TypeError(
+                "expected pieces to be a sequence of strings, one per token id, got a single "
+                f"{type(pieces).__name__} {pieces[:40]!r}; pass list_of_pieces, not one string"
+            )
         pieces = list(pieces)
         values = np.full((len(pieces),), np.nan, dtype=np.float32)
         dot_id = None
@@ -180,11 +187,35 @@ class NumberTokens:
         if squash_factor is None:
             return distances
         check_squash_factor(squash_factor)
+        self.check_squashable()
         v = jnp.asarray(self.number_values, jnp.float32)
         table = jnp.abs(v[:, None] - v[None, :])
         closest = jnp.min(jnp.where(table == 0, jnp.finfo(jnp.float32).max, table))
-        scale = (squash_factor - 1.0) / (jnp.max(table) - closest)
+        spread = jnp.max(table) - closest
+        # Traced tables cannot be checked: with fewer than three distinct values every
+        # wrong token costs 1 instead of NaN.
+        scale = jnp.where(spread > 0, (squash_factor - 1.0) / jnp.where(spread > 0, spread, 1.0), 0.0)
         return jnp.where(distances == 0, 0.0, 1.0 + (distances - closest) * scale)
+
+    def check_squashable(self) -> None:
+        """Raises ValueError if the number values cannot be squashed.
+
+        Squashing maps the closest wrong distance to 1 and the farthest to
+        `squash_factor`; it needs at least three distinct values (two different
+        nonzero distances). Only concrete tables are checked.
+        """
+        if isinstance(self.number_values, jax.core.Tracer):
+            return
+        values = np.asarray(self.number_values, np.float64)
+        distinct, counts = np.unique(values, return_counts=True)
+        if len(distinct) >= 3:
+            return
+        duplicated = [float(d) for d, c in zip(distinct, counts) if c > 1]
+        dup = f"; value(s) {duplicated} appear on more than one token" if duplicated else ""
+        raise ValueError(
+            "expected number tokens with at least 3 distinct values for squash_factor (the closest "
+            f"and farthest wrong tokens must differ), got values {[float(x) for x in values]}{dup}"
+        )
 
     def __repr__(self) -> str:
         return (
@@ -194,10 +225,12 @@ class NumberTokens:
 
 
 def check_squash_factor(squash_factor: Any) -> None:
-    """Raises unless `squash_factor` is None or a number greater than 1."""
+    """Raises unless `squash_factor` is None or a finite number greater than 1."""
     if squash_factor is None:
         return
-    if isinstance(squash_factor, bool) or not isinstance(squash_factor, (int, float)):
+    if isinstance(squash_factor, (bool, np.bool_)) or not isinstance(squash_factor, (int, float, np.integer, np.floating)):
         raise TypeError(f"expected squash_factor to be None or a number > 1, got {squash_factor!r}")
+    if not math.isfinite(squash_factor):
+        raise ValueError(f"expected squash_factor finite and > 1, got {squash_factor}")
     if not squash_factor > 1:
         raise ValueError(f"expected squash_factor > 1 (1 would recover cross-entropy), got {squash_factor}")

@@ -86,6 +86,10 @@ def loss_normalizing_factor_and_weights(
       (per packed segment when `decoder_segment_ids` is given, using
       `decoder_positions`), 0/0 giving 0; factor = the sum of the new weights.
 
+    A special factor can come out 0 (all weights 0, or an empty batch);
+    `cross_entropy_and_ntl` then divides by 1, so the loss is 0, not NaN. A number
+    must be finite and > 0 (checked when it is a Python value or a concrete array).
+
     Args:
       loss_normalizing_factor: None, a number, a string or an enum member.
       targets: `[batch, length]` integer target tokens (padding id 0).
@@ -96,12 +100,26 @@ def loss_normalizing_factor_and_weights(
     Returns:
       `(factor, weights)`.
 
+    Raises:
+      TypeError, ValueError: for a factor that is no number, string or enum member, a
+        number that is not finite and > 0, or segment features of the wrong shape.
+
     >>> import jax.numpy as jnp
     >>> factor, w = loss_normalizing_factor_and_weights(
     ...     "AVERAGE_PER_SEQUENCE", jnp.array([[5, 6, 1, 0], [7, 1, 0, 0]]))
     >>> float(factor), w.tolist()
     (2.0, [[0.3333333432674408, 0.3333333432674408, 0.3333333432674408, 0.0], [0.5, 0.5, 0.0, 0.0]])
     """
+    losses.check_array("targets", targets, "[batch, length]")
+    targets_shape = jnp.shape(targets)
+    for name, value in (("decoder_segment_ids", decoder_segment_ids), ("decoder_positions", decoder_positions)):
+        if value is None:
+            continue
+        losses.check_array(name, value, "[batch, length]")
+        if jnp.shape(value) != targets_shape:
+            raise ValueError(
+                f"expected {name} of shape {targets_shape} [batch, length] (as targets), got {jnp.shape(value)}"
+            )
     special = _special_factor(loss_normalizing_factor)
     if special is None:
         if loss_normalizing_factor is not None and not isinstance(
@@ -111,6 +129,8 @@ def loss_normalizing_factor_and_weights(
                 "expected loss_normalizing_factor None, a number, a string or an enum member; "
                 f"got {type(loss_normalizing_factor).__name__}"
             )
+        if loss_normalizing_factor is not None:
+            losses.check_real("loss_normalizing_factor", loss_normalizing_factor, low=0.0, low_inclusive=False)
         return loss_normalizing_factor, weights
     if weights is None:
         weights = jnp.asarray(targets > 0, jnp.float32)
@@ -125,8 +145,15 @@ def loss_normalizing_factor_and_weights(
         per_sequence = jax.vmap(_sum_weights_per_segment)(decoder_positions, decoder_segment_ids, weights)
     else:
         per_sequence = jnp.sum(weights, axis=-1, keepdims=True)
-    weights = jnp.nan_to_num(weights / per_sequence, nan=0.0, posinf=0.0, neginf=0.0)
+    # 0/0 gives 0, without a NaN on the way (it would reach the gradient).
+    nonzero = per_sequence != 0
+    weights = jnp.where(nonzero, weights / jnp.where(nonzero, per_sequence, 1.0), 0.0)
     return jnp.sum(weights), weights
+
+
+def _check_smoothing_and_z(label_smoothing, z_loss) -> None:
+    losses.check_real("label_smoothing", label_smoothing, low=0.0, high=1.0)
+    losses.check_real("z_loss", z_loss, low=0.0)
 
 
 def _cross_entropy_per_position(logits, targets, *, label_smoothing, z_loss, log_normalizer):
@@ -167,6 +194,11 @@ def weighted_cross_entropy(
         `loss_normalizing_factor_and_weights`) or None for a plain sum.
       log_normalizer: optional precomputed `logsumexp(logits, -1)`.
 
+    Positions with weight 0, and positions whose target id is outside `[0, vocab)`,
+    are ignored: they add exactly 0 whatever their logits hold and do not count in
+    `weight_sum`. Options and concrete weights are checked when traced; under `jit`
+    the weights are assumed finite and non-negative.
+
     Returns:
       `(loss, z_loss, weight_sum)`: the weighted, normalised sums; `loss` includes
       the z-loss term.
@@ -176,19 +208,50 @@ def weighted_cross_entropy(
     >>> round(float(loss), 4), float(z), int(n)  # 2 * log(4)
     (2.7726, 0.0, 2)
     """
+    losses.check_array("logits", logits, "[batch, length, vocab]")
+    losses.check_array("targets", targets, "[batch, length]")
     if jnp.ndim(logits) != jnp.ndim(targets) + 1:
         raise ValueError(
             f"expected logits of rank targets.ndim + 1, got logits {jnp.shape(logits)} and targets {jnp.shape(targets)}"
         )
+    if jnp.shape(logits)[:-1] != jnp.shape(targets):
+        raise ValueError(
+            f"expected targets of shape {jnp.shape(logits)[:-1]} (logits' leading axes), got {jnp.shape(targets)}"
+        )
+    if not jnp.issubdtype(jnp.result_type(logits), jnp.floating):
+        raise TypeError(f"expected floating-point logits (f32, bf16 or f16), got {jnp.result_type(logits)}")
+    if not jnp.issubdtype(jnp.result_type(targets), jnp.integer):
+        raise TypeError(f"expected integer targets (token ids), got {jnp.result_type(targets)}")
+    _check_smoothing_and_z(label_smoothing, z_loss)
+    if loss_normalizing_factor is not None:
+        losses.check_real("loss_normalizing_factor", loss_normalizing_factor, low=0.0, low_inclusive=False)
+    weights = losses.check_weights(weights, jnp.shape(targets))
+    vocab = jnp.shape(logits)[-1]
+    keep = (targets >= 0) & (targets < vocab)
+    if weights is not None:
+        keep &= weights != 0
+    weights = jnp.where(keep, 1.0 if weights is None else weights, 0.0)
+    logits = jnp.where(keep[..., None], logits, jnp.zeros((), logits.dtype))
     if log_normalizer is None:
         log_normalizer = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+    else:
+        log_normalizer = jnp.where(keep, log_normalizer, 0.0)
+    return _weighted_cross_entropy_sums(
+        logits, targets, weights, label_smoothing=label_smoothing, z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor, log_normalizer=log_normalizer,
+    )
+
+
+def _weighted_cross_entropy_sums(
+    logits, targets, weights, *, label_smoothing, z_loss, loss_normalizing_factor, log_normalizer
+):
+    """`weighted_cross_entropy` on checked inputs whose ignored positions are
+    sanitised (logits finite) and weighted 0."""
     total, z_term = _cross_entropy_per_position(
         logits, targets, label_smoothing=label_smoothing, z_loss=z_loss, log_normalizer=log_normalizer
     )
-    weight_sum = jnp.asarray(np.prod(jnp.shape(targets)), jnp.float32)
-    if weights is not None:
-        total, z_term = total * weights, z_term * weights
-        weight_sum = jnp.sum(weights)
+    total, z_term = total * weights, z_term * weights
+    weight_sum = jnp.sum(weights)
     if loss_normalizing_factor is not None:
         total, z_term = total / loss_normalizing_factor, z_term / loss_normalizing_factor
     return jnp.sum(total), jnp.sum(z_term), weight_sum
@@ -248,19 +311,35 @@ def cross_entropy_and_ntl(
     """
     if ntl_kind != "none" and ntl_kind not in losses.KINDS:
         raise ValueError(f"expected ntl_kind in {('none',) + losses.KINDS}, got {ntl_kind!r}")
+    losses.check_real("ntl_weight", ntl_weight, low=0.0)
+    losses.check_bool("reweigh", reweigh)
     check_squash_factor(squash_factor)
+    _check_smoothing_and_z(label_smoothing, z_loss)
     weights = losses.check_inputs(logits, targets, number_tokens, weights)
+    vocab = number_tokens.vocab_size
+    special = _special_factor(loss_normalizing_factor)
+    if weights is None and special is not None:
+        weights = jnp.asarray(targets > 0, jnp.float32)  # T5X's default for special factors
+    # Targets outside the vocabulary are ignored before anything is counted.
+    in_vocab = (targets >= 0) & (targets < vocab)
+    weights = jnp.where(in_vocab, 1.0 if weights is None else weights, 0.0)
     factor, weights = loss_normalizing_factor_and_weights(
         loss_normalizing_factor, targets, weights,
         decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
     )
+    if special is not None:
+        # 0 when nothing is counted (all weights 0, an empty batch): every sum is 0 then.
+        factor = max(factor, 1) if isinstance(factor, int) else jnp.where(factor > 0, factor, 1.0)
+    # Ignored positions: logits zeroed before any arithmetic, so NaN or inf there reach
+    # neither the loss nor the gradient; their targets become -1 (no number, no digit).
+    logits, targets, _ = losses.ignore_positions(logits, targets, weights, vocab)
     # One float32 copy of the logits, so every term's gradient accumulates into a single
     # buffer (with bf16 logits, separate casts cost a third more memory), and one
     # full-vocabulary logsumexp for cross-entropy, z-loss and reweigh.
     logits = logits.astype(jnp.float32)
     log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-    ce, z, weight_sum = weighted_cross_entropy(
-        logits, targets, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss,
+    ce, z, weight_sum = _weighted_cross_entropy_sums(
+        logits, targets, weights, label_smoothing=label_smoothing, z_loss=z_loss,
         loss_normalizing_factor=factor, log_normalizer=log_normalizer,
     )
     if ntl_kind == "none":
@@ -272,7 +351,7 @@ def cross_entropy_and_ntl(
         )
         per_token = losses.reduce_loss(per_position, counted, weights, "none")
         ntl = jnp.sum(per_token)
-        ntl_weight_sum = jnp.sum(jnp.where(counted, 1.0 if weights is None else weights, 0.0))
+        ntl_weight_sum = jnp.sum(jnp.where(counted, weights, 0.0))
         if factor is not None:
             ntl = ntl / factor
     loss = ce + ntl_weight * ntl

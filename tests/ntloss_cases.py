@@ -90,7 +90,15 @@ def ntloss_output(kind, options, inputs, reduction, weighting):
         loss_obj = ntloss.NTLossDotProduct(tokenizer, digit_level=opts["digit_level"], reweigh=opts["reweigh"],
                                            loss_function=fn)
     assert loss_obj.vocab_size == VOCAB_SIZE, "ntloss must not add tokens to this vocabulary"
-    weights = torch.from_numpy(inputs["weights"]) if weighting == "weighted" else None
-    out = loss_obj(torch.from_numpy(inputs["logits"]), torch.from_numpy(inputs["targets"]),
+    targets = inputs["targets"]
+    weights = None
+    if weighting == "weighted":
+        weights = torch.from_numpy(inputs["weights"])
+        # ntl_jax ignores a weight-0 position as ntloss ignores `ignore_index`. For the
+        # per-token losses that changes nothing; for the number-level loss a weight-0
+        # digit then breaks its number instead of joining it (ntloss's own weights would
+        # join it, and weight the whole number by its first digit's weight).
+        targets = np.where(inputs["weights"] == 0, IGNORE, targets)
+    out = loss_obj(torch.from_numpy(inputs["logits"]), torch.from_numpy(targets),
                    loss_weights=weights, reduction=reduction)
     return out.detach().numpy().astype(np.float64)

@@ -13,6 +13,7 @@ shift the pairs of another one.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 from ntl_jax.data import catalogue
@@ -24,6 +25,10 @@ LAYOUT = """\
   <data_dir>/interpolate/<module>.txt
   <data_dir>/extrapolate/<module>_big|_longer|_more.txt
 each file holding a question line followed by its answer line, repeated"""
+
+
+# What a byte that is not UTF-8 decodes to under errors="surrogateescape".
+_BAD_BYTE = re.compile("[\udc80-\udcff]")
 
 
 def generate_command(data_dir: str, modules: str = "all") -> str:
@@ -59,13 +64,21 @@ def read_pairs(path: str) -> Iterator[tuple[str, str]]:
 
     Raises:
       ValueError: naming the file and line, for a question without an answer (odd
-        number of lines) or an empty question or answer.
+        number of lines), an empty question or answer, or bytes that are not UTF-8.
     """
-    with open(path, encoding="utf-8") as f:
+    # surrogateescape keeps reading past a bad byte, so the error can name its line.
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
         question = None
         lineno = 0
         for lineno, line in enumerate(f, start=1):
             line = line.rstrip("\n")
+            bad = _BAD_BYTE.search(line)
+            if bad:
+                byte = ord(bad.group()) - 0xDC00
+                raise ValueError(
+                    f"{path}:{lineno}: not valid UTF-8 (byte 0x{byte:02x} at column {bad.start() + 1}); "
+                    "expected UTF-8 text"
+                )
             if lineno % 2:
                 if not line.strip():
                     raise ValueError(f"{path}:{lineno}: empty question line")

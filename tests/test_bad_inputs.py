@@ -1,0 +1,350 @@
+"""Bad and degenerate inputs: each ends as a clear error or as the correct value.
+
+Table-driven: every case is an input and either the exception it raises (type and a
+fragment of the message) or the finite value it must give, checked against a
+reference computed without the garbage.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ntl_jax
+from ntl_jax import NumberTokens
+from ntl_jax.data.reader import read_pairs
+
+PIECES = ["<pad>", "</s>", "x", "."] + list("0123456789")  # digit d has id d + 4
+NT = NumberTokens.from_pieces(PIECES)
+V = len(PIECES)
+TARGETS = jnp.array([[5, 6, 3, 9, 1, 0, 0], [2, 13, 4, 4, 1, 0, 0]])
+WEIGHTS = jnp.asarray(TARGETS > 0, jnp.float32)
+LOGITS = jax.random.normal(jax.random.PRNGKey(0), (2, 7, V)) * 3
+FACTORS = [None, 7.5, "NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE"]
+KINDS = ["was", "mse", "number_level", "number_level_float"]
+
+
+def objective(logits=LOGITS, targets=TARGETS, nt=NT, **kwargs):
+    return ntl_jax.cross_entropy_and_ntl(logits, targets, nt, **kwargs)
+
+
+def finite_grad(fn, logits):
+    grads = jax.grad(fn)(logits)
+    return bool(np.isfinite(np.asarray(grads)).all())
+
+
+# -- clear errors ----------------------------------------------------------------------
+
+ERRORS = [
+    # name, call, exception, message fragment
+    ("ntl_weight negative", lambda: objective(ntl_weight=-1.0), ValueError, "ntl_weight >= 0"),
+    ("ntl_weight nan", lambda: objective(ntl_weight=math.nan), ValueError, "ntl_weight finite"),
+    ("ntl_weight inf", lambda: objective(ntl_weight=math.inf), ValueError, "ntl_weight finite"),
+    ("ntl_weight str", lambda: objective(ntl_weight="0.3"), TypeError, "ntl_weight to be a real number, got str"),
+    ("ntl_weight bool", lambda: objective(ntl_weight=True), TypeError, "ntl_weight to be a real number"),
+    ("ntl_weight array", lambda: objective(ntl_weight=jnp.ones(2)), ValueError, "ntl_weight to be a scalar"),
+    ("factor zero", lambda: objective(loss_normalizing_factor=0.0), ValueError, "loss_normalizing_factor > 0"),
+    ("factor negative", lambda: objective(loss_normalizing_factor=-2), ValueError, "loss_normalizing_factor > 0"),
+    ("factor nan", lambda: objective(loss_normalizing_factor=math.nan), ValueError, "finite"),
+    ("factor inf array", lambda: objective(loss_normalizing_factor=jnp.float32(math.inf)), ValueError, "finite"),
+    ("factor wce", lambda: ntl_jax.weighted_cross_entropy(LOGITS, TARGETS, loss_normalizing_factor=0),
+     ValueError, "loss_normalizing_factor > 0"),
+    ("label_smoothing 1", lambda: objective(label_smoothing=1.0), ValueError, "label_smoothing >= 0.0 and < 1.0"),
+    ("label_smoothing negative", lambda: objective(label_smoothing=-0.1), ValueError, "label_smoothing"),
+    ("label_smoothing wce", lambda: ntl_jax.weighted_cross_entropy(LOGITS, TARGETS, label_smoothing=1.5),
+     ValueError, "label_smoothing"),
+    ("z_loss negative", lambda: objective(z_loss=-1e-4), ValueError, "z_loss >= 0"),
+    ("squash inf", lambda: objective(squash_factor=math.inf), ValueError, "squash_factor finite"),
+    ("squash nan", lambda: ntl_jax.ntl_was(LOGITS, TARGETS, NT, squash_factor=math.nan), ValueError,
+     "squash_factor finite"),
+    ("squash 1", lambda: objective(squash_factor=1.0), ValueError, "squash_factor > 1"),
+    ("squash str", lambda: objective(squash_factor="3"), TypeError, "squash_factor to be None or a number"),
+    ("reweigh str", lambda: objective(reweigh="yes"), TypeError, "reweigh to be True or False, got str"),
+    ("reweigh int", lambda: ntl_jax.ntl_was(LOGITS, TARGETS, NT, reweigh=1), TypeError, "reweigh to be True"),
+    ("reweigh none", lambda: ntl_jax.number_level_loss(LOGITS, TARGETS, NT, reweigh=None), TypeError,
+     "reweigh to be True"),
+    ("pieces str", lambda: NumberTokens.from_pieces("0123456789ab"), TypeError, "a single str"),
+    ("wce weights [B, 1]", lambda: ntl_jax.weighted_cross_entropy(LOGITS, TARGETS, weights=jnp.ones((2, 1))),
+     ValueError, "expected weights of shape (2, 7)"),
+    ("wce weights [L]", lambda: ntl_jax.weighted_cross_entropy(LOGITS, TARGETS, weights=jnp.ones(7)),
+     ValueError, "expected weights of shape (2, 7)"),
+    ("wce targets shape", lambda: ntl_jax.weighted_cross_entropy(LOGITS, TARGETS[:, :3]), ValueError,
+     "expected targets of shape (2, 7)"),
+    ("wce float targets", lambda: ntl_jax.weighted_cross_entropy(LOGITS, TARGETS * 1.0), TypeError,
+     "integer targets"),
+    ("segment ids shape", lambda: objective(
+        loss_normalizing_factor="AVERAGE_PER_SEQUENCE", decoder_segment_ids=jnp.ones((2, 6), jnp.int32),
+        decoder_positions=jnp.zeros((2, 7), jnp.int32)), ValueError, "decoder_segment_ids of shape (2, 7)"),
+    ("positions shape", lambda: objective(
+        loss_normalizing_factor="AVERAGE_PER_SEQUENCE", decoder_segment_ids=jnp.ones((2, 7), jnp.int32),
+        decoder_positions=jnp.zeros((7,), jnp.int32)), ValueError, "decoder_positions of shape (2, 7)"),
+    ("segment ids shape, numeric factor", lambda: ntl_jax.loss_normalizing_factor_and_weights(
+        None, TARGETS, decoder_segment_ids=jnp.ones((1, 7), jnp.int32)), ValueError,
+     "decoder_segment_ids of shape (2, 7)"),
+    ("nested list logits", lambda: objective(logits=np.asarray(LOGITS).tolist()), TypeError,
+     "expected logits as an array of shape [batch, length, vocab]"),
+    ("nested list targets", lambda: objective(targets=np.asarray(TARGETS).tolist()), TypeError,
+     "expected targets as an array of shape [batch, length]"),
+    ("nested list weights", lambda: objective(weights=[[1.0] * 7] * 2), TypeError,
+     "expected weights as an array"),
+    ("nested list wce", lambda: ntl_jax.weighted_cross_entropy(np.asarray(LOGITS).tolist(), TARGETS),
+     TypeError, "expected logits as an array"),
+    ("nested list ntl_was", lambda: ntl_jax.ntl_was(LOGITS, np.asarray(TARGETS).tolist(), NT), TypeError,
+     "expected targets as an array"),
+    ("negative weights", lambda: objective(weights=WEIGHTS.at[1, 2].set(-1.0)), ValueError,
+     "non-negative weights, got -1.0 at index (1, 2)"),
+    ("nan weights", lambda: objective(weights=WEIGHTS.at[0, 3].set(jnp.nan)), ValueError,
+     "finite weights, got nan at index (0, 3)"),
+    ("inf weights numpy", lambda: ntl_jax.ntl_was(LOGITS, TARGETS, NT, weights=np.full((2, 7), np.inf)),
+     ValueError, "finite weights"),
+    ("negative weights wce", lambda: ntl_jax.weighted_cross_entropy(LOGITS, TARGETS, weights=-WEIGHTS),
+     ValueError, "non-negative weights"),
+    ("negative weights number level", lambda: ntl_jax.number_level_loss(LOGITS, TARGETS, NT, weights=-WEIGHTS),
+     ValueError, "non-negative weights"),
+    ("squash duplicated digit", lambda: ntl_jax.ntl_was(
+        jnp.zeros((1, 1, 4)), jnp.array([[1]]), NumberTokens.from_pieces(["a", "0", "1", "1"]), squash_factor=3.0),
+     ValueError, "[1.0] appear on more than one token"),
+    ("squash two values", lambda: NumberTokens.from_pieces(["a", "0", "1"]).distance_table(2.0), ValueError,
+     "at least 3 distinct values"),
+]
+
+
+@pytest.mark.parametrize("name,call,error,fragment", ERRORS, ids=[e[0] for e in ERRORS])
+def test_clear_error(name, call, error, fragment):
+    with pytest.raises(error) as info:
+        call()
+    assert fragment in str(info.value), str(info.value)
+    assert len(str(info.value)) < 400  # no printed arrays or lists
+
+
+def test_read_pairs_non_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "arithmetic__add_or_sub.txt"
+    path.write_bytes(b"What is 1 + 1?\n2\nWhat is \xff + 2?\n3\n")
+    with pytest.raises(ValueError, match=r"arithmetic__add_or_sub.txt:3: not valid UTF-8 \(byte 0xff"):
+        list(read_pairs(str(path)))
+    # A valid file still reads, universal newlines included.
+    path.write_bytes("Was ist 1 \u00fc 1?\r\n2\r\n".encode())
+    assert list(read_pairs(str(path))) == [("Was ist 1 \u00fc 1?", "2")]
+
+
+def test_traced_values_are_not_checked_under_jit():
+    # Under jit the weights and factor are traced: assumed valid, documented, no error.
+    fn = jax.jit(lambda w, f: objective(weights=w, loss_normalizing_factor=f)[0])
+    assert np.isfinite(float(fn(WEIGHTS, jnp.float32(3.0))))
+
+
+# -- degenerate batches: 0, never NaN ----------------------------------------------------
+
+DEGENERATE = [
+    (f"{kind}-{factor}-{case}", kind, factor, case)
+    for kind in ["was", "number_level", "none"]
+    for factor in FACTORS
+    for case in ["zero weights", "empty batch", "empty length"]
+]
+
+
+@pytest.mark.parametrize("name,kind,factor,case", DEGENERATE, ids=[d[0] for d in DEGENERATE])
+def test_nothing_counted_gives_zero_and_finite_gradients(name, kind, factor, case):
+    logits, targets, weights = LOGITS, TARGETS, jnp.zeros((2, 7))
+    if case == "empty batch":
+        logits, targets, weights = jnp.zeros((0, 7, V)), jnp.zeros((0, 7), jnp.int32), None
+    elif case == "empty length":
+        logits, targets, weights = jnp.zeros((2, 0, V)), jnp.zeros((2, 0), jnp.int32), None
+
+    def fn(l):
+        return objective(logits=l, targets=targets, weights=weights, ntl_kind=kind, z_loss=1e-4,
+                         label_smoothing=0.1, reweigh=True, loss_normalizing_factor=factor)[0]
+
+    assert float(fn(logits)) == 0.0
+    assert finite_grad(fn, logits)
+
+
+def test_empty_packed_batch_gives_zero():
+    empty = jnp.zeros((0, 7), jnp.int32)
+    loss, _ = objective(logits=jnp.zeros((0, 7, V)), targets=empty, loss_normalizing_factor="AVERAGE_PER_SEQUENCE",
+                        decoder_segment_ids=empty, decoder_positions=empty)
+    assert float(loss) == 0.0
+
+
+# -- garbage at ignored positions: the loss without them ---------------------------------
+
+# Row 0 keeps positions 0-3, row 1 keeps 0-2; the rest hold garbage logits and targets.
+KEEP = jnp.array([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0]], bool)
+CLEAN_TARGETS = jnp.array([[5, 6, 3, 9, 1, 1, 1], [2, 13, 4, 1, 1, 1, 1]])
+
+
+def clean_reference(factor, kind, **kwargs):
+    """The objective on the kept positions only (the rows cut to their kept prefixes)."""
+    total = 0.0
+    sums = {"ce": 0.0, "ntl": 0.0, "z": 0.0, "w": 0.0}
+    per_row = []
+    for row, n in ((0, 4), (1, 3)):
+        _, parts = objective(logits=LOGITS[row:row + 1, :n], targets=CLEAN_TARGETS[row:row + 1, :n], ntl_kind=kind,
+                             loss_normalizing_factor=None, **kwargs)
+        per_row.append((n, parts))
+        sums["ce"] += float(parts["cross_entropy"])
+        sums["ntl"] += float(parts["ntl"])
+        sums["z"] += float(parts["z_loss"])
+        sums["w"] += float(parts["weight_sum"])
+    if factor is None:
+        divisor = 1.0
+    elif factor == "NUM_REAL_TARGET_TOKENS":
+        divisor = sums["w"]
+    elif factor == "NUM_TOTAL_TARGET_TOKENS":
+        divisor = 14.0
+    elif factor == "AVERAGE_PER_SEQUENCE":
+        # Each row's weights divided by its own count; then the factor is 2 rows.
+        total_ce = sum((float(p["cross_entropy"]) + float(p["z_loss"])) / n for n, p in per_row)
+        total_ntl = sum(float(p["ntl"]) / n for n, p in per_row)
+        return (total_ce + 0.3 * total_ntl) / 2.0
+    else:
+        divisor = factor
+    total = (sums["ce"] + sums["z"] + 0.3 * sums["ntl"]) / divisor
+    return total
+
+
+GARBAGE = [
+    ("nan logits", lambda l: l.at[0, 5].set(jnp.nan).at[1, 4:].set(jnp.nan), lambda t: t),
+    ("inf logits", lambda l: l.at[0, 4].set(jnp.inf).at[1, 6].set(-jnp.inf), lambda t: t),
+    ("-inf pad column", lambda l: l.at[:, :, 0].set(jnp.where(KEEP, l[:, :, 0], -jnp.inf)), lambda t: t),
+    ("huge logits", lambda l: l.at[0, 4:].set(3e38), lambda t: t),
+    ("ids outside vocab", lambda l: l.at[1, 3:].set(jnp.nan), lambda t: t.at[1, 3].set(V).at[1, 4].set(-100)),
+]
+
+
+@pytest.mark.parametrize("factor", FACTORS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("garbage", GARBAGE, ids=[g[0] for g in GARBAGE])
+def test_ignored_positions_contribute_exactly_zero(garbage, kind, factor):
+    _, spoil_logits, spoil_targets = garbage
+    logits = spoil_logits(LOGITS)
+    # Ignored by weight 0 (the pad id 0 as targets), or by an id outside the vocabulary.
+    targets = spoil_targets(jnp.where(KEEP, CLEAN_TARGETS, 0))
+    weights = None if factor in FACTORS[2:] else jnp.asarray(KEEP, jnp.float32)
+    if garbage[0] == "ids outside vocab":
+        weights = jnp.asarray(KEEP.at[1, 3:].set(True), jnp.float32) if weights is not None else None
+        targets = targets.at[1, 5:].set(V + 7)  # counted by weight, ignored by id
+
+    def fn(l):
+        return objective(logits=l, targets=targets, weights=weights, ntl_kind=kind, z_loss=1e-4,
+                         label_smoothing=0.0, loss_normalizing_factor=factor)[0]
+
+    want = clean_reference(factor, kind, z_loss=1e-4)
+    np.testing.assert_allclose(float(fn(logits)), want, rtol=2e-5)
+    assert finite_grad(fn, logits)
+    grads = jax.grad(fn)(logits)
+    assert float(jnp.abs(jnp.where(KEEP[..., None], 0.0, grads)).max()) == 0.0
+
+
+def test_ids_outside_vocab_are_ignored_by_every_count():
+    targets = TARGETS.at[0, 0].set(V).at[1, 1].set(V + 100)  # both were counted, "1" and "9"
+    _, parts = objective(targets=targets, z_loss=1e-2, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    _, ref = objective(targets=targets, weights=WEIGHTS.at[0, 0].set(0).at[1, 1].set(0), z_loss=1e-2,
+                       loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    assert float(parts["weight_sum"]) == 8.0 and float(parts["loss_normalizing_factor"]) == 8.0
+    for key in ("loss", "cross_entropy", "z_loss", "ntl", "ntl_weight_sum"):
+        np.testing.assert_allclose(float(parts[key]), float(ref[key]), rtol=1e-6, err_msg=key)
+    ce, z, n = ntl_jax.weighted_cross_entropy(LOGITS, targets, z_loss=1e-2)
+    ce_ref, z_ref, n_ref = ntl_jax.weighted_cross_entropy(
+        LOGITS, TARGETS, weights=jnp.ones((2, 7)).at[0, 0].set(0).at[1, 1].set(0), z_loss=1e-2)
+    assert int(n) == int(n_ref) == 12
+    np.testing.assert_allclose([float(ce), float(z)], [float(ce_ref), float(z_ref)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["was", "mse", "huber", "number_level", "number_level_float"])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_losses_ignore_nan_logits_at_zero_weight(kind, reduction):
+    logits = LOGITS.at[1, 2].set(jnp.nan).at[0, 5].set(-jnp.inf)
+    weights = jnp.ones((2, 7)).at[1, 2].set(0.0).at[0, 5].set(0.0)
+    clean = LOGITS.at[1, 2].set(0.0).at[0, 5].set(0.0)
+
+    def fn(l):
+        return ntl_jax.number_token_loss(l, TARGETS, NT, kind=kind, weights=weights, reduction=reduction)
+
+    got, want = fn(logits), fn(clean)
+    assert np.isfinite(np.asarray(got)).all()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert finite_grad(lambda l: jnp.sum(fn(l)), logits)
+
+
+# -- number level: a weight-0 digit breaks the number -----------------------------------
+
+
+def digit(d):
+    return d + 4
+
+
+def test_zero_weight_digit_breaks_the_number():
+    # "123 4": weight 0 on "2" leaves the numbers "1" and "3", as ntloss's ignore_index.
+    targets = jnp.array([[digit(1), digit(2), digit(3), 2, digit(4)]])
+    weights = jnp.array([[1.0, 0.0, 1.0, 1.0, 1.0]])
+    logits = jax.random.normal(jax.random.PRNGKey(3), (1, 5, V)) * 2
+    got = ntl_jax.number_level_loss(logits, targets, NT, weights=weights)
+    ignored = ntl_jax.number_level_loss(logits, targets.at[0, 1].set(-100), NT)
+    np.testing.assert_allclose(got, ignored, rtol=1e-6)
+    assert np.count_nonzero(np.asarray(got)) == 3  # "1", "3", "4"
+    # Weight 0 on the first digit no longer zeroes the whole number "123".
+    first = ntl_jax.number_level_loss(logits, targets, NT, weights=weights.at[0, 1].set(1.0).at[0, 0].set(0.0))
+    assert float(first[0, 1]) > 0 and float(first[0, 0]) == 0.0
+
+
+@pytest.mark.parametrize("float_level", [False, True])
+@pytest.mark.parametrize("reweigh", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_zero_weight_digits_match_ntloss_ignore_index(float_level, reweigh, reduction):
+    torch = pytest.importorskip("torch")
+    ntloss = pytest.importorskip("ntloss")
+    from tests import ntloss_cases as cases
+
+    nt = NumberTokens.from_pieces(cases.PIECES)
+    inputs = cases.make_inputs(5)
+    weights = inputs["weights"].copy()
+    weights[2, [1, 4, 6]] = 0.0  # inside "987654321"
+    weights[0, [0, 8]] = 0.0  # first digit of "12", last of "19"
+    ignored = np.where(weights == 0, cases.IGNORE, inputs["targets"])
+    loss = ntloss.NumberLevelLoss(cases.hf_tokenizer(), float_level=float_level, reweigh=reweigh)
+    want = loss(torch.from_numpy(inputs["logits"]), torch.from_numpy(ignored),
+                loss_weights=torch.from_numpy(weights), reduction=reduction).numpy()
+    got = ntl_jax.number_level_loss(jnp.asarray(inputs["logits"]), jnp.asarray(inputs["targets"], jnp.int32), nt,
+                                    weights=jnp.asarray(weights), float_level=float_level, reweigh=reweigh,
+                                    reduction=reduction)
+    np.testing.assert_allclose(got, want, rtol=3e-5, atol=1e-5)
+
+
+# -- reweigh at large logits ----------------------------------------------------------
+
+
+def reweighed_was_float64(logits, targets):
+    """NTL-WAS with reweigh, evaluated in float64 numpy."""
+    logits = np.asarray(logits, np.float64)
+    values = np.asarray(NT.values, np.float64)
+    ids = np.asarray(NT.ids)
+    v = values[ids]
+    top = logits.max(-1, keepdims=True)
+    e = np.exp(logits - top)
+    mass = e[..., ids].sum(-1) / e.sum(-1)
+    rest = np.delete(e, ids, axis=-1).sum(-1) / e.sum(-1)
+    p = e[..., ids] / e[..., ids].sum(-1, keepdims=True)
+    y = values[np.asarray(targets)]
+    loss = (p * np.abs(y[..., None] - v)).sum(-1)
+    return loss * mass + 1.01 * (v.max() - v.min()) * rest
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0, 100.0])
+@pytest.mark.parametrize("number_bias", [-20.0, 0.0, 20.0])
+def test_reweigh_is_accurate_at_large_logits(scale, number_bias):
+    # Digits as targets everywhere; number_bias moves the number mass towards 0 or 1,
+    # where the mass or 1 - mass cancels in a naive evaluation.
+    logits = jax.random.normal(jax.random.PRNGKey(7), (4, 16, V)) * scale
+    logits = logits.at[..., 4:].add(number_bias)
+    targets = jax.random.randint(jax.random.PRNGKey(8), (4, 16), 4, V)
+    got = np.asarray(ntl_jax.ntl_was(logits, targets, NT, reweigh=True), np.float64)
+    want = reweighed_was_float64(logits, targets)
+    # Each of mass and 1 - mass is a ratio of float32 sums of <= 14 terms (a few ulps,
+    # ~1e-6 relative); the loss combines two non-negative terms, so its relative error
+    # is of the same order. 2e-6 leaves room for the float32 WAS term itself.
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
+    grads = jax.grad(lambda l: jnp.sum(ntl_jax.ntl_was(l, targets, NT, reweigh=True)))(logits)
+    assert np.isfinite(np.asarray(grads)).all()
