@@ -330,7 +330,7 @@ def plot(result: dict, out: str, path: str) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from ntl_jax.train.checkpoint import CheckpointError
-    from ntl_jax.train.trainer import Interrupted, check_output_dir, write_json
+    from ntl_jax.train.trainer import Diverged, Interrupted, check_output_dir, write_json
 
     t0 = time.perf_counter()
     if args.task == "multiplication":
@@ -345,6 +345,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, CheckpointError) as e:
         print(f"ntl-jax compare: error: {e}", file=sys.stderr)
         return 2
+    except Diverged as e:
+        print(f"ntl-jax compare: error: {e} (finished runs are kept)", file=sys.stderr)
+        return 1
     except (Interrupted, KeyboardInterrupt):
         print("ntl-jax compare: interrupted; rerun the same command to resume "
               "(finished runs are reused)", file=sys.stderr)

@@ -44,8 +44,7 @@ def checked(convert, is_valid, expected: str):
 
 positive_int = checked(int, lambda v: v >= 1, "a positive integer")
 non_negative_int = checked(int, lambda v: v >= 0, "an integer >= 0")
-positive_float = checked(float, lambda v: v > 0, "a positive number")
-non_negative_float = checked(float, lambda v: v >= 0, "a number >= 0")
+positive_float = checked(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
 finite_non_negative_float = checked(float, lambda v: 0 <= v < float("inf"),
                                     "a finite number >= 0")
 
@@ -145,7 +144,7 @@ def format_metrics(metrics: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ntl_jax.train.checkpoint import CheckpointError
-    from ntl_jax.train.trainer import Interrupted, check_output_dir, train
+    from ntl_jax.train.trainer import Diverged, Interrupted, check_output_dir, train
 
     try:
         check_module(args.module)
@@ -160,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
     except Interrupted as e:
         print(f"ntl-jax train: {e} (checkpoint {e.checkpoint})", file=sys.stderr)
         return 130
+    except Diverged as e:
+        print(f"ntl-jax train: error: {e}", file=sys.stderr)
+        return 1
     print(f"step {result['step']}, evaluation:\n{format_metrics(result.get('eval', {}))}")
     tensorboard = os.path.join(out, "tensorboard")
     tensorboard = f"TensorBoard: {tensorboard}, " if os.path.isdir(tensorboard) else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import signal
 import threading
@@ -61,8 +62,10 @@ class TrainConfig:
                              f"log_every ({self.log_every}) so resumed logs match")
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
-        if self.ntl_weight < 0 or not 0 <= self.dropout_rate < 1:
-            raise ValueError(f"expected ntl_weight >= 0 and 0 <= dropout_rate < 1, got "
+        if not 0 < self.learning_rate < math.inf:
+            raise ValueError(f"expected a finite learning_rate > 0, got {self.learning_rate}")
+        if not 0 <= self.ntl_weight < math.inf or not 0 <= self.dropout_rate < 1:
+            raise ValueError(f"expected a finite ntl_weight >= 0 and 0 <= dropout_rate < 1, got "
                              f"{self.ntl_weight} and {self.dropout_rate}")
         if self.optimizer not in optim.OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {optim.OPTIMIZERS}, got {self.optimizer!r}")
@@ -88,6 +91,43 @@ class Interrupted(Exception):
     def __init__(self, step: int, checkpoint: str):
         super().__init__(f"interrupted at step {step}; rerun the same command to resume")
         self.step, self.checkpoint = step, checkpoint
+
+    def __reduce__(self):  # picklable, for runs in worker processes
+        return Interrupted, (self.step, self.checkpoint)
+
+
+class Diverged(Exception):
+    """The training loss or state became NaN or infinite; nothing of it was saved."""
+
+    def __init__(self, out_dir: str, what: str, checkpoint_step: int | None):
+        kept = (f"the last checkpoint (step {checkpoint_step}) is from before"
+                if checkpoint_step else "no checkpoint was written")
+        super().__init__(f"{out_dir}: training diverged: {what}; {kept}. Expected finite "
+                         "values: lower --learning-rate or --ntl-weight")
+        self._args = (out_dir, what, checkpoint_step)
+
+    def __reduce__(self):  # picklable, for runs in worker processes
+        return Diverged, self._args
+
+
+def _check_finite(window: list[dict], last: int, checkpointer, out_dir: str) -> dict[str, float]:
+    """The mean of the window's metrics; raises `Diverged` if its loss is not finite."""
+    mean = _mean(window)
+    if not math.isfinite(mean["loss"]):
+        raise Diverged(out_dir, f"the mean loss of steps {last - len(window) + 1}..{last} is "
+                       f"{mean['loss']}", checkpointer.latest_step())
+    return mean
+
+
+def _save_finite(checkpointer, step: int, state, identity: dict, out_dir: str) -> None:
+    """Saves a checkpoint of `state` after checking that all of it is finite (the loss
+    checks the parameters before the last update, this the parameters after it)."""
+    finite = all(bool(jax.numpy.isfinite(x).all()) for x in jax.tree_util.tree_leaves(state)
+                 if jax.numpy.issubdtype(getattr(x, "dtype", np.int32), jax.numpy.inexact))
+    if not finite:
+        raise Diverged(out_dir, f"the training state after step {step} is not finite",
+                       checkpointer.latest_step())
+    checkpointer.save(step, state, identity)
 
 
 FINAL_PARAMS = "final_params.msgpack"  # a finished run's parameters, for --init-from
@@ -255,6 +295,8 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | 
       ValueError: bad configuration or unwritable `out_dir`.
       CheckpointError: an existing checkpoint is unreadable or from another configuration.
       Interrupted: Ctrl-C (SIGINT); a checkpoint of the last finished step was saved.
+      Diverged: the mean training loss of a logging window is NaN or infinite; checked
+        before every checkpoint, so no checkpoint holds a non-finite state.
     """
     from tqdm import tqdm
 
@@ -352,13 +394,15 @@ def _train_loop(config, state, data, train_step, checkpointer, identity, log, ba
     t_window = time.perf_counter()
     for step in range(start, end):
         if sigint.requested:
-            checkpointer.save(step, state, identity)
+            if window:
+                _check_finite(window, step, checkpointer, out_dir)
+            _save_finite(checkpointer, step, state, identity, out_dir)
             raise Interrupted(step, os.path.join(checkpointer.directory, str(step)))
         state, metrics = train_step(state, data.batch(step))
         window.append(metrics)
         done = step + 1
         if done % config.log_every == 0 or done == end:
-            last_train = _mean(window)
+            last_train = _check_finite(window, done, checkpointer, out_dir)
             now = time.perf_counter()
             rate = len(window) * config.data.batch_size / (now - t_window)
             window, t_window = [], now
@@ -369,7 +413,7 @@ def _train_loop(config, state, data, train_step, checkpointer, identity, log, ba
                             ntl=f"{last_train['ntl']:.3f}", ex_s=f"{rate:.0f}")
         bar.update(1)
         if done % config.checkpoint_every == 0 or done == end:
-            checkpointer.save(done, state, identity)
+            _save_finite(checkpointer, done, state, identity, out_dir)
         if config.eval_every and done % config.eval_every == 0 and done < config.steps:
             _evaluate_and_log(model, state, data, config, log, done, out_dir)
     return state, last_train

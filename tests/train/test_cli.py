@@ -10,6 +10,8 @@ pytest.importorskip("flax")
 pytest.importorskip("orbax.checkpoint")
 pytest.importorskip("matplotlib")
 
+import jax  # noqa: E402
+
 from ntl_jax import cli  # noqa: E402
 
 MICRO = ["--preset", "micro", "--train-examples", "16", "--eval-examples", "4",
@@ -88,7 +90,9 @@ def test_metric_table_says_n_a_for_undefined_metrics():
 @pytest.mark.parametrize("flags, message", [
     (["--steps", "0"], "expected a positive integer, got 0"),
     (["--loss", "ntl-foo"], "invalid choice: 'ntl-foo'"),
-    (["--learning-rate", "-1"], "expected a positive number"),
+    (["--learning-rate", "-1"], "expected a finite number > 0, got -1.0"),
+    (["--learning-rate", "inf"], "expected a finite number > 0, got inf"),
+    (["--learning-rate", "nan"], "expected a finite number > 0, got nan"),
     (["--preset", "huge"], "invalid choice: 'huge'"),
     (["--ntl-weight", "inf"], "expected a finite number >= 0, got inf"),
 ])
@@ -127,3 +131,72 @@ def test_plot_loss_values_and_png(tmp_path):
     assert out.stat().st_size > 10_000
     with pytest.raises(SystemExit):
         cli.main(["plot-loss", "--digit", "12"])
+
+
+def test_diverging_train_stops_naming_the_steps_and_keeps_no_non_finite_checkpoint(
+        real_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = cli.main(["train", "--out", str(out), "--steps", "6", "--learning-rate", "1e12",
+                     "--warmup-steps", "0"] + MICRO)
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "training diverged: the mean loss of steps" in err and "lower --learning-rate" in err
+    from ntl_jax.train import trainer
+    assert not (out / trainer.FINAL_PARAMS).exists()
+    assert not (out / "results.json").exists()
+
+
+@pytest.mark.parametrize("checkpoint_every", [1, 2])
+def test_a_non_finite_state_is_never_checkpointed(real_data, tmp_path, monkeypatch,
+                                                  checkpoint_every):
+    from ntl_jax.train import trainer
+    from ntl_jax.train.checkpoint import Checkpointer
+
+    saved = []
+    real_save = Checkpointer.save
+
+    def save(self, step, state, identity):
+        saved.append(all(bool(np.isfinite(np.asarray(x)).all())
+                         for x in jax.tree_util.tree_leaves(state.params)))
+        real_save(self, step, state, identity)
+
+    monkeypatch.setattr(Checkpointer, "save", save)
+    flags = MICRO[:MICRO.index("--checkpoint-every")] + MICRO[MICRO.index("--checkpoint-every") + 2:]
+    code = cli.main(["train", "--out", str(tmp_path / "run"), "--steps", "6",
+                     "--learning-rate", "1e12", "--warmup-steps", "0",
+                     "--checkpoint-every", str(checkpoint_every)] + flags)
+    assert code == 1
+    assert all(saved)
+    assert not (tmp_path / "run" / trainer.FINAL_PARAMS).exists()
+
+
+def test_a_state_that_is_not_finite_after_the_last_update_is_not_saved(tmp_path):
+    # The loss of step k is computed before its update: the state itself is checked too.
+    from ntl_jax.train import trainer
+
+    class Recorder:
+        saved = []
+
+        def latest_step(self):
+            return 4
+
+        def save(self, step, state, identity):
+            self.saved.append(step)
+
+    state = {"params": jax.numpy.array([1.0, np.nan]), "count": jax.numpy.array(3)}
+    with pytest.raises(trainer.Diverged, match=r"the training state after step 5 is not "
+                       r"finite; the last checkpoint \(step 4\) is from before"):
+        trainer._save_finite(Recorder(), 5, state, {}, str(tmp_path))
+    trainer._save_finite(Recorder(), 6, {"params": jax.numpy.ones(2)}, {}, str(tmp_path))
+    assert Recorder.saved == [6]
+
+
+def test_training_stops_survive_the_trip_from_a_worker_process():
+    import pickle
+
+    from ntl_jax.train import trainer
+
+    for e in (trainer.Diverged("runs/x", "the mean loss of steps 1..2 is nan", None),
+              trainer.Interrupted(7, "runs/x/checkpoints/7")):
+        again = pickle.loads(pickle.dumps(e))
+        assert type(again) is type(e) and str(again) == str(e)

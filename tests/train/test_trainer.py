@@ -240,14 +240,16 @@ def test_init_from_starts_from_the_final_parameters_with_a_fresh_optimizer(vocab
     counts = [int(x) for x in jax.tree_util.tree_leaves(tuned["state"].opt_state)
               if getattr(x, "dtype", None) == np.int32 and x.ndim == 0]
     assert counts and max(counts) == 1
-    # From a random initialisation the same step lands far from the pretrained values.
+    # From a random initialisation the same step lands where the pretraining started: four
+    # Adam steps (warm-up to 3e-3) moved the parameters by a few 1e-3, far beyond the 1e-6
+    # that the step from the pretrained parameters moved them.
     fresh = trainer.train(_config(data, steps=1, learning_rate=1e-9, warmup_steps=0),
                           str(tmp_path / "fresh"), data=data, progress=False,
                           tensorboard=False)
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
         jax.tree_util.tree_leaves(pretrained["state"].params),
         jax.tree_util.tree_leaves(fresh["state"].params)))
-    assert diff > 0.01
+    assert diff > 1e-3
 
 
 def test_init_from_rejects_unfinished_mismatched_and_damaged_runs(vocabulary, tmp_path):
