@@ -85,7 +85,20 @@ class MetricsLog:
         if not os.path.exists(self.path):
             return
         with open(self.path) as f:
-            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            lines = [line for line in f.read().split("\n") if line.strip()]
+        kept = []
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                if number < len(lines):
+                    raise ValueError(f"{self.path}, line {number}: expected a JSON record, got "
+                                     f"{line[:80]!r}") from None
+                print(f"{self.path}: dropped a partial last line (the run was stopped while "
+                      "writing it)", flush=True)
+                continue
+            if record["step"] <= step:
+                kept.append(line + "\n")
         with open(self.path, "w") as f:
             f.writelines(kept)
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from ntl_jax.train import data as data_lib
 from ntl_jax.train import network, optim, step as step_lib
-from ntl_jax.train.checkpoint import Checkpointer, CheckpointError  # noqa: F401 (re-export)
+from ntl_jax.train.checkpoint import (  # noqa: F401 (CheckpointError: re-export)
+    CheckpointError, Checkpointer, DamagedCheckpoint)
 from ntl_jax.train.logging_utils import MetricsLog, finite_or_none, write_json
 
 
@@ -271,6 +272,35 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
+def _restore_newest(checkpointer: Checkpointer, state, identity: dict, steps: int):
+    """(step, state) of the newest checkpoint that verifies, or (None, `state`) if there
+    is none. Damaged checkpoints newer than it are reported and moved to
+    `damaged_checkpoints/` (never deleted); if none verifies, `CheckpointError` lists
+    them all and nothing is moved."""
+    saved = checkpointer.all_steps()
+    if saved and saved[0] > steps:
+        raise CheckpointError(
+            f"the newest checkpoint ({os.path.join(checkpointer.directory, str(saved[0]))}) "
+            f"is at step {saved[0]}, beyond this run's {steps} steps: expected checkpoints "
+            "of this run only. Nothing was deleted; rerun with the --steps that wrote it, or "
+            "train into a new --out directory.")
+    damaged: list[tuple[int, str]] = []
+    for step in saved:
+        try:
+            restored = checkpointer.restore(step, state, identity)
+        except DamagedCheckpoint as e:
+            damaged.append((step, str(e)))
+            continue
+        for bad, message in damaged:
+            _say(f"{message}\nmoved it to {checkpointer.set_aside(bad)}; falling back to "
+                 f"the checkpoint of step {step}, which verifies")
+        return step, restored
+    if damaged:
+        raise CheckpointError("no checkpoint verifies; nothing was moved or deleted: "
+                              + " | ".join(message for _, message in damaged))
+    return None, state
+
+
 def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | None = None,
           progress: bool = True, tensorboard: bool = True, stop_after: int | None = None
           ) -> dict[str, Any]:
@@ -292,16 +322,70 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | 
       training metrics), "seconds" and "state".
 
     Raises:
-      ValueError: bad configuration or unwritable `out_dir`.
+      ValueError: bad configuration, unwritable `out_dir`, or another process training
+        there.
       CheckpointError: an existing checkpoint is unreadable or from another configuration.
       Interrupted: Ctrl-C (SIGINT); a checkpoint of the last finished step was saved.
       Diverged: the mean training loss of a logging window is NaN or infinite; checked
         before every checkpoint, so no checkpoint holds a non-finite state.
     """
-    from tqdm import tqdm
 
     config.validate()
     out_dir = check_output_dir(out_dir)
+    with _RunLock(out_dir):
+        return _train(config, out_dir, data, progress, tensorboard, stop_after)
+
+
+class _RunLock:
+    """One run per directory: `<out>/.lock` holds the PID of the process training there.
+    A lock left by a process that no longer exists (killed) is taken over."""
+
+    def __init__(self, out_dir: str):
+        self.path = os.path.join(out_dir, ".lock")
+
+    def __enter__(self):
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and holder != os.getpid() and _alive(holder):
+                    raise ValueError(
+                        f"another process (PID {holder}) is training in "
+                        f"{os.path.dirname(self.path)}: expected one run per --out directory. "
+                        f"Wait for it, or remove {self.path} if that process is not this run")
+                os.remove(self.path)  # stale: its process is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            return self
+        raise ValueError(f"could not take the lock {self.path}: another run took it first")
+
+    def _holder(self) -> int | None:
+        try:
+            with open(self.path) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def __exit__(self, *exc):
+        if self._holder() == os.getpid():
+            os.remove(self.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _train(config, out_dir, data, progress, tensorboard, stop_after):
+    from tqdm import tqdm
+
     if data is None:
         _say(f"generating {config.data.train_examples} training problems of "
              f"{config.data.module} (seed {config.data.seed}) ...")
@@ -319,9 +403,8 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | 
     state = step_lib.create_train_state(model, optimizer, data.batch(0), config.seed)
     checkpointer = Checkpointer(os.path.join(out_dir, "checkpoints"))
     identity = config.identity()
-    start = checkpointer.latest_step()
+    start, state = _restore_newest(checkpointer, state, identity, config.steps)
     if start is not None:
-        state = checkpointer.restore(start, state, identity)
         finished = _finished_results(out_dir, config.steps)
         if start >= config.steps and finished is not None:
             checkpointer.close()  # a finished run reports its results and changes nothing
