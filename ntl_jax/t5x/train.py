@@ -13,8 +13,10 @@ train_script`).
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
+import traceback
 from typing import List, Optional, Sequence
 
 from ntl_jax.t5x.configs import gin_search_path
@@ -61,7 +63,27 @@ def run_t5x_main(module: str, argv: Optional[Sequence[str]] = None) -> None:
     """
     argv = list(sys.argv if argv is None else argv)
     sys.argv = with_search_path(argv, gin_search_path())
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code in (None, 0):
+            raise
+        if not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+        _exit_now(e.code if isinstance(e.code, int) else 1)
+    except KeyboardInterrupt:
+        _exit_now(130)
+    except BaseException:  # noqa: BLE001 (any failure: report it, then exit at once)
+        traceback.print_exc()
+        _exit_now(1)
+
+
+def _exit_now(code: int) -> None:
+    """Exits without waiting for other threads. After a failure at start-up, threads of
+    T5X's input pipeline that are not daemons keep a normal exit waiting for minutes."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
