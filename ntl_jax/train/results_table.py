@@ -120,6 +120,10 @@ def render(result: dict) -> str:
     if result.get("title"):
         lines += [f"**{result['title']}**", ""]
     timing = f"wall time {fmt_seconds(result.get('seconds'))}"
+    earlier = result.get("earlier_seconds") or []
+    if earlier:  # the runs were trained by earlier invocations of the same comparison
+        timing = (f"wall time {fmt_seconds(sum(earlier) + (result.get('seconds') or 0))} "
+                  f"over {len(earlier) + 1} invocations")
     if result.get("reused_runs"):
         timing += (f" ({result['reused_runs']} of {result['total_runs']} runs finished by an "
                    f"earlier invocation)")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ntl_jax.train import paired_stats, results_table
+from ntl_jax.train import cli_compare, paired_stats, results_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "render_results.py"
@@ -95,6 +95,23 @@ def test_render_table_metrics_and_formatting():
             "| not distinguishable from zero |") in text
     assert "interpolate" not in text
     assert "Share of seeds" not in text
+
+
+def test_wall_time_counts_the_invocations_that_trained_the_reused_runs():
+    result = tiny_result() | {"seconds": 4.0, "earlier_seconds": [600.0, 356.0],
+                              "reused_runs": 3, "total_runs": 4, "run_seconds": 1662.0}
+    assert ("· wall time 16.0 min over 3 invocations (3 of 4 runs finished by an earlier "
+            "invocation), training time of all runs 27.7 min") in results_table.render(result)
+
+
+def test_earlier_wall_times_come_from_the_previous_file_of_the_same_comparison(tmp_path):
+    path = tmp_path / "compare.json"
+    new = {"title": "t", "reused_runs": 2, "seconds": 3.0}
+    assert cli_compare._earlier_seconds(str(path), new) == []  # no previous file
+    path.write_text(json.dumps({"title": "t", "seconds": 900.0, "earlier_seconds": [60.0]}))
+    assert cli_compare._earlier_seconds(str(path), new) == [60.0, 900.0]
+    assert cli_compare._earlier_seconds(str(path), new | {"reused_runs": 0}) == []
+    assert cli_compare._earlier_seconds(str(path), new | {"title": "other"}) == []
 
 
 @pytest.mark.parametrize("entry, expected", [
