@@ -37,6 +37,25 @@ def addition_source(module, split, n, seed):
     return out
 
 
+def fake_data(vocabulary, n=64, batch=8, seed=0):
+    """Trainer data of `addition_source` problems ("fake" module), 8 per test split."""
+    from ntl_jax.train import data as data_lib
+
+    cfg = data_lib.DataConfig(module="fake", train_examples=n, eval_examples=8,
+                              batch_size=batch, seed=seed)
+    return data_lib.ArithmeticData(cfg, vocabulary=vocabulary, example_source=addition_source)
+
+
+def micro_config(data, **overrides):
+    """A `TrainConfig` of the micro preset on `data` that trains in seconds."""
+    from ntl_jax.train import trainer
+
+    base = dict(loss="ntl-was", preset="micro", steps=12, seed=3, learning_rate=3e-3,
+                warmup_steps=2, log_every=2, checkpoint_every=4, eval_batch_size=8,
+                data=data.config)
+    return trainer.TrainConfig(**(base | overrides))
+
+
 @pytest.fixture
 def vocabulary():
     return CharVocabulary()

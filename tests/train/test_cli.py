@@ -133,22 +133,9 @@ def test_plot_loss_values_and_png(tmp_path):
         cli.main(["plot-loss", "--digit", "12"])
 
 
-def test_diverging_train_stops_naming_the_steps_and_keeps_no_non_finite_checkpoint(
-        real_data, tmp_path, capsys):
-    out = tmp_path / "run"
-    code = cli.main(["train", "--out", str(out), "--steps", "6", "--learning-rate", "1e12",
-                     "--warmup-steps", "0"] + MICRO)
-    assert code == 1
-    err = capsys.readouterr().err
-    assert "training diverged: the mean loss of steps" in err and "lower --learning-rate" in err
-    from ntl_jax.train import trainer
-    assert not (out / trainer.FINAL_PARAMS).exists()
-    assert not (out / "results.json").exists()
-
-
 @pytest.mark.parametrize("checkpoint_every", [1, 2])
-def test_a_non_finite_state_is_never_checkpointed(real_data, tmp_path, monkeypatch,
-                                                  checkpoint_every):
+def test_a_diverging_run_stops_naming_the_steps_and_checkpoints_nothing_non_finite(
+        real_data, tmp_path, capsys, monkeypatch, checkpoint_every):
     from ntl_jax.train import trainer
     from ntl_jax.train.checkpoint import Checkpointer
 
@@ -166,8 +153,11 @@ def test_a_non_finite_state_is_never_checkpointed(real_data, tmp_path, monkeypat
                      "--learning-rate", "1e12", "--warmup-steps", "0",
                      "--checkpoint-every", str(checkpoint_every)] + flags)
     assert code == 1
+    err = capsys.readouterr().err
+    assert "training diverged: the mean loss of steps" in err and "lower --learning-rate" in err
     assert all(saved)
     assert not (tmp_path / "run" / trainer.FINAL_PARAMS).exists()
+    assert not (tmp_path / "run" / "results.json").exists()
 
 
 def test_a_state_that_is_not_finite_after_the_last_update_is_not_saved(tmp_path):

@@ -15,28 +15,19 @@ import pytest
 jax = pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-from conftest import addition_source  # noqa: E402
-from ntl_jax.train import data as data_lib  # noqa: E402
+from conftest import fake_data, micro_config  # noqa: E402
 from ntl_jax.train import trainer  # noqa: E402
 from ntl_jax.train.checkpoint import CheckpointError  # noqa: E402
 
 
 def _data(vocabulary):
-    cfg = data_lib.DataConfig(module="fake", train_examples=32, eval_examples=8,
-                              batch_size=8, seed=0)
-    return data_lib.ArithmeticData(cfg, vocabulary=vocabulary, example_source=addition_source)
-
-
-def _config(data, **kw):
-    base = dict(loss="ntl-was", preset="micro", steps=6, seed=1, learning_rate=3e-3,
-                warmup_steps=1, log_every=2, checkpoint_every=2, eval_batch_size=8,
-                data=data.config)
-    return trainer.TrainConfig(**(base | kw))
+    return fake_data(vocabulary, n=32)
 
 
 def _train(data, out, **kw):
-    return trainer.train(_config(data, **kw.pop("config", {})), str(out), data=data,
-                         progress=False, tensorboard=False, **kw)
+    # Checkpoints every 2 of 6 steps: there is always an older one to fall back to.
+    config = micro_config(data, steps=6, seed=1, warmup_steps=1, checkpoint_every=2)
+    return trainer.train(config, str(out), data=data, progress=False, tensorboard=False, **kw)
 
 
 def _files(directory):
@@ -44,18 +35,20 @@ def _files(directory):
                   for r, _, fs in os.walk(directory) for f in fs)
 
 
+def _state_files(step_dir):
+    return [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "state"))
+            for f in fs]
+
+
 def _largest_state_file(step_dir):
-    paths = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "state"))
-             for f in fs]
-    return max(paths, key=os.path.getsize)
+    return max(_state_files(step_dir), key=os.path.getsize)
 
 
 def _where_stored(step_dir, state):
     """[(file, offset)] of each copy of the first parameter array whose raw bytes the
     checkpoint's files hold (orbax stores some arrays uncompressed, in the process's
     files and in the merged ones it reads: damage there reads back without complaint)."""
-    paths = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "state"))
-             for f in fs]
+    paths = _state_files(step_dir)
     for leaf in jax.tree_util.tree_leaves(state.params):
         needle = np.asarray(leaf).tobytes()[:32]
         hits = [(path, open(path, "rb").read().find(needle)) for path in paths]

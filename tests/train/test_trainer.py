@@ -10,28 +10,15 @@ import pytest
 jax = pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-from conftest import addition_source  # noqa: E402
+from conftest import addition_source, fake_data, micro_config  # noqa: E402
 from ntl_jax.train import data as data_lib  # noqa: E402
 from ntl_jax.train import network, optim, step as step_lib, trainer  # noqa: E402
 from ntl_jax.train.checkpoint import CheckpointError  # noqa: E402
 
 
-def _data(vocabulary, n=64, batch=8, seed=0):
-    cfg = data_lib.DataConfig(module="fake", train_examples=n, eval_examples=8,
-                              batch_size=batch, seed=seed)
-    return data_lib.ArithmeticData(cfg, vocabulary=vocabulary, example_source=addition_source)
-
-
-def _config(data, **kw):
-    base = dict(loss="ntl-was", preset="micro", steps=12, seed=3, learning_rate=3e-3,
-                warmup_steps=2, log_every=2, checkpoint_every=4, eval_batch_size=8,
-                data=data.config)
-    return trainer.TrainConfig(**(base | kw))
-
-
 def test_batches_are_deterministic_and_cover_each_epoch(vocabulary):
-    data = _data(vocabulary, n=24, batch=8)
-    again = _data(vocabulary, n=24, batch=8)
+    data = fake_data(vocabulary, n=24, batch=8)
+    again = fake_data(vocabulary, n=24, batch=8)
     for step in (0, 2, 3, 7):
         for k, v in data.batch(step).items():
             np.testing.assert_array_equal(v, again.batch(step)[k])
@@ -46,7 +33,7 @@ def test_batches_are_deterministic_and_cover_each_epoch(vocabulary):
 
 
 def _step_setup(vocabulary, loss="ntl-was", lr=1e-2):
-    data = _data(vocabulary, n=8, batch=8)
+    data = fake_data(vocabulary, n=8, batch=8)
     cfg = network.make_config("micro", vocabulary.vocab_size)
     model = network.Transformer(cfg)
     nt = trainer.padded_number_tokens(vocabulary, cfg.vocab_size)
@@ -71,7 +58,7 @@ def test_overfits_one_batch(vocabulary):
 
 def test_train_step_compiles_once(vocabulary):
     train_step, state, _, data = _step_setup(vocabulary)
-    data = _data(vocabulary, n=32, batch=8)
+    data = fake_data(vocabulary, n=32, batch=8)
     for s in range(4):
         state, _ = train_step(state, data.batch(s))
     assert train_step._cache_size() == 1
@@ -95,8 +82,8 @@ def _train_records(out):
 
 
 def test_resume_equals_uninterrupted_run(vocabulary, tmp_path):
-    data = _data(vocabulary)
-    cfg = _config(data)
+    data = fake_data(vocabulary)
+    cfg = micro_config(data)
     full = trainer.train(cfg, str(tmp_path / "full"), data=data, progress=False,
                          tensorboard=False)
     # Interrupted after step 6: the last checkpoint is step 4, logs reach step 6.
@@ -104,7 +91,7 @@ def test_resume_equals_uninterrupted_run(vocabulary, tmp_path):
     first = trainer.train(cfg, part, data=data, progress=False, tensorboard=False, stop_after=6)
     assert first["step"] == 6 and "eval" not in first
     os.rename(os.path.join(part, "checkpoints", "6"), os.path.join(part, "moved_6"))
-    resumed = trainer.train(cfg, part, data=_data(vocabulary), progress=False, tensorboard=False)
+    resumed = trainer.train(cfg, part, data=fake_data(vocabulary), progress=False, tensorboard=False)
     assert resumed["step"] == 12
     for a, b in zip(jax.tree_util.tree_leaves(full["state"]),
                     jax.tree_util.tree_leaves(resumed["state"])):
@@ -115,32 +102,32 @@ def test_resume_equals_uninterrupted_run(vocabulary, tmp_path):
 
 
 def test_incompatible_and_corrupt_checkpoints_raise_and_keep_files(vocabulary, tmp_path):
-    data = _data(vocabulary)
+    data = fake_data(vocabulary)
     out = str(tmp_path / "run")
-    trainer.train(_config(data, steps=4), out, data=data, progress=False, tensorboard=False)
+    trainer.train(micro_config(data, steps=4), out, data=data, progress=False, tensorboard=False)
     ckpt = os.path.join(out, "checkpoints", "4")
     with pytest.raises(CheckpointError, match="different configuration.*loss: checkpoint has 'ntl-was', this run has 'ce'"):
-        trainer.train(_config(data, steps=4, loss="ce"), out, data=data, progress=False,
+        trainer.train(micro_config(data, steps=4, loss="ce"), out, data=data, progress=False,
                       tensorboard=False)
     files = sorted(os.path.join(r, f) for r, _, fs in os.walk(ckpt) for f in fs)
     for path in files:  # damage every file of the checkpoint
         with open(path, "wb") as f:
             f.write(b"\x00garbage")
     with pytest.raises(CheckpointError, match="cannot be read|damaged"):
-        trainer.train(_config(data, steps=4), out, data=data, progress=False, tensorboard=False)
+        trainer.train(micro_config(data, steps=4), out, data=data, progress=False, tensorboard=False)
     assert sorted(os.path.join(r, f) for r, _, fs in os.walk(ckpt) for f in fs) == files
 
 
 def test_bad_config_and_unwritable_output(vocabulary, tmp_path):
-    data = _data(vocabulary)
+    data = fake_data(vocabulary)
     with pytest.raises(ValueError, match="loss must be one of"):
-        trainer.train(_config(data, loss="xent"), str(tmp_path / "a"), data=data)
+        trainer.train(micro_config(data, loss="xent"), str(tmp_path / "a"), data=data)
     with pytest.raises(ValueError, match="multiple of log_every"):
-        trainer.train(_config(data, checkpoint_every=5), str(tmp_path / "a"), data=data)
+        trainer.train(micro_config(data, checkpoint_every=5), str(tmp_path / "a"), data=data)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(ValueError, match="not writable"):
-        trainer.train(_config(data), str(blocker / "sub"), data=data)
+        trainer.train(micro_config(data), str(blocker / "sub"), data=data)
 
 
 class _InterruptAt(data_lib.ArithmeticData):
@@ -155,8 +142,8 @@ class _InterruptAt(data_lib.ArithmeticData):
 
 
 def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_identically(vocabulary, tmp_path):
-    data = _data(vocabulary)
-    cfg = _config(data)
+    data = fake_data(vocabulary)
+    cfg = micro_config(data)
     full = trainer.train(cfg, str(tmp_path / "full"), data=data, progress=False,
                          tensorboard=False)
     stopped = _InterruptAt(data.config, vocabulary=vocabulary, example_source=addition_source)
@@ -176,13 +163,13 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_identically(vocabulary
 
 
 def test_finished_run_reports_its_results_and_changes_nothing(vocabulary, tmp_path, capsys):
-    data = _data(vocabulary)
+    data = fake_data(vocabulary)
     out = str(tmp_path / "run")
-    first = trainer.train(_config(data, steps=4), out, data=data, progress=False,
+    first = trainer.train(micro_config(data, steps=4), out, data=data, progress=False,
                           tensorboard=False)
     before = {name: open(os.path.join(out, name)).read()
               for name in ("metrics.jsonl", "results.json")}
-    again = trainer.train(_config(data, steps=4), out, data=data, tensorboard=False)
+    again = trainer.train(micro_config(data, steps=4), out, data=data, tensorboard=False)
     assert again["eval"] == first["eval"] and again["train"] == first["train"]
     assert {name: open(os.path.join(out, name)).read() for name in before} == before
 
@@ -202,9 +189,9 @@ def test_results_are_strict_json_with_null_for_undefined_metrics(vocabulary, tmp
 
     monkeypatch.setattr(evaluate, "score", lambda preds, targets: {
         "pearson": float("nan"), "number_accuracy": 0.25})
-    data = _data(vocabulary)
+    data = fake_data(vocabulary)
     out = str(tmp_path / "run")
-    result = trainer.train(_config(data, steps=2), out, data=data, progress=False,
+    result = trainer.train(micro_config(data, steps=2), out, data=data, progress=False,
                            tensorboard=False)
     assert result["eval"] == {"test_interpolate/pearson": None,
                               "test_interpolate/number_accuracy": 0.25,
@@ -218,9 +205,9 @@ def test_results_are_strict_json_with_null_for_undefined_metrics(vocabulary, tmp
 
 
 def _finished(vocabulary, tmp_path, name="pre", **kw):
-    data = _data(vocabulary)
+    data = fake_data(vocabulary)
     out = str(tmp_path / name)
-    result = trainer.train(_config(data, steps=4, loss="ce", **kw), out, data=data,
+    result = trainer.train(micro_config(data, steps=4, loss="ce", **kw), out, data=data,
                            progress=False, tensorboard=False)
     return data, out, result
 
@@ -228,7 +215,7 @@ def _finished(vocabulary, tmp_path, name="pre", **kw):
 def test_init_from_starts_from_the_final_parameters_with_a_fresh_optimizer(vocabulary,
                                                                             tmp_path):
     data, pre, pretrained = _finished(vocabulary, tmp_path)
-    cfg = _config(data, steps=1, init_from=pre, learning_rate=1e-9, warmup_steps=0)
+    cfg = micro_config(data, steps=1, init_from=pre, learning_rate=1e-9, warmup_steps=0)
     tuned = trainer.train(cfg, str(tmp_path / "tuned"), data=data, progress=False,
                           tensorboard=False)
     # One step at a learning rate of 1e-9 leaves the pretrained parameters (almost) as
@@ -243,7 +230,7 @@ def test_init_from_starts_from_the_final_parameters_with_a_fresh_optimizer(vocab
     # From a random initialisation the same step lands where the pretraining started: four
     # Adam steps (warm-up to 3e-3) moved the parameters by a few 1e-3, far beyond the 1e-6
     # that the step from the pretrained parameters moved them.
-    fresh = trainer.train(_config(data, steps=1, learning_rate=1e-9, warmup_steps=0),
+    fresh = trainer.train(micro_config(data, steps=1, learning_rate=1e-9, warmup_steps=0),
                           str(tmp_path / "fresh"), data=data, progress=False,
                           tensorboard=False)
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
@@ -255,10 +242,10 @@ def test_init_from_starts_from_the_final_parameters_with_a_fresh_optimizer(vocab
 def test_init_from_rejects_unfinished_mismatched_and_damaged_runs(vocabulary, tmp_path):
     data, pre, _ = _finished(vocabulary, tmp_path)
     with pytest.raises(ValueError, match="expected a finished run directory"):
-        trainer.train(_config(data, init_from=str(tmp_path / "missing")),
+        trainer.train(micro_config(data, init_from=str(tmp_path / "missing")),
                       str(tmp_path / "a"), data=data, progress=False, tensorboard=False)
     with pytest.raises(ValueError, match="emb_dim: .* has '16', this run has '64'"):
-        trainer.train(_config(data, preset="tiny", init_from=pre), str(tmp_path / "b"),
+        trainer.train(micro_config(data, preset="tiny", init_from=pre), str(tmp_path / "b"),
                       data=data, progress=False, tensorboard=False)
 
     class OtherPieces(type(vocabulary)):
@@ -267,7 +254,7 @@ def test_init_from_rejects_unfinished_mismatched_and_damaged_runs(vocabulary, tm
     other = data_lib.ArithmeticData(data.config, vocabulary=OtherPieces(),
                                     example_source=addition_source)
     with pytest.raises(ValueError, match="vocabulary: the pieces differ"):
-        trainer.train(_config(data, init_from=pre), str(tmp_path / "c"), data=other,
+        trainer.train(micro_config(data, init_from=pre), str(tmp_path / "c"), data=other,
                       progress=False, tensorboard=False)
     with open(os.path.join(pre, trainer.FINAL_PARAMS), "r+b") as f:
         f.seek(100)
@@ -275,5 +262,5 @@ def test_init_from_rejects_unfinished_mismatched_and_damaged_runs(vocabulary, tm
         f.seek(100)
         f.write(bytes([byte[0] ^ 1]))  # one flipped bit
     with pytest.raises(ValueError, match="does not match the checksum"):
-        trainer.train(_config(data, init_from=pre), str(tmp_path / "d"), data=data,
+        trainer.train(micro_config(data, init_from=pre), str(tmp_path / "d"), data=data,
                       progress=False, tensorboard=False)
