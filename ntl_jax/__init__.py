@@ -11,6 +11,7 @@ from ntl_jax.losses import number_level_loss
 from ntl_jax.losses import number_token_loss
 from ntl_jax.losses import predict_numbers
 from ntl_jax.objective import cross_entropy_and_ntl
+from ntl_jax.fused import fused_cross_entropy_and_ntl
 from ntl_jax.objective import loss_normalizing_factor_and_weights
 from ntl_jax.objective import weighted_cross_entropy
 

@@ -197,13 +197,7 @@ def target_values(targets, number_tokens: NumberTokens):
     return is_number, jnp.where(is_number, value, 0.0)
 
 
-def _number_log_probs(logits, number_tokens: NumberTokens):
-    """Log-softmax over the number-token logits only, `[batch, length, N]` f32."""
-    number_logits = jnp.take(logits, jnp.asarray(number_tokens.ids), axis=-1).astype(jnp.float32)
-    return jax.nn.log_softmax(number_logits, axis=-1), number_logits
-
-
-def _number_mass(logits, number_tokens: NumberTokens, log_normalizer=None):
+def number_mass(logits, number_tokens: NumberTokens, log_normalizer=None):
     """`(mass, rest)`, both `[batch, length]`: the full-vocabulary probability on the
     number tokens and on the other tokens (`1 - mass`, without its cancellation).
 
@@ -224,8 +218,8 @@ def _number_mass(logits, number_tokens: NumberTokens, log_normalizer=None):
     return mass / total, rest / total
 
 
-def _reweigh(loss, logits, number_tokens, max_dist, log_normalizer=None):
-    mass, rest = _number_mass(logits, number_tokens, log_normalizer)
+def _reweigh(loss, masses, max_dist):
+    mass, rest = masses
     return loss * mass + _REWEIGH_MARGIN * max_dist * rest
 
 
@@ -256,33 +250,40 @@ def _dot_loss_fn(loss: str):
 # -- per-position losses (unreduced, with their counted-position masks) ------------
 
 
-def _was_per_position(logits, targets, number_tokens, *, reweigh, squash_factor, log_normalizer=None):
+def number_logits(logits, number_tokens: NumberTokens):
+    """The logits of the number tokens, `[batch, length, N]` float32."""
+    return jnp.take(logits, jnp.asarray(number_tokens.ids), axis=-1).astype(jnp.float32)
+
+
+def _expected_value(number_logits, number_tokens: NumberTokens):
+    """`sum_j p_j v_j`, `p` the softmax over the number tokens only."""
+    p = jax.nn.softmax(number_logits, axis=-1)
+    return jnp.sum(p * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
+
+
+def _was_per_position(number_logits, targets, number_tokens, *, masses, squash_factor):
     is_number, y = target_values(targets, number_tokens)
-    log_p, number_logits = _number_log_probs(logits, number_tokens)
     v = jnp.asarray(number_tokens.number_values, jnp.float32)
     # The target's row of the distance table, without gathering rows of it.
     dist = number_tokens.squash(jnp.abs(y[..., None] - v), squash_factor)
-    if squash_factor is not None:
-        max_dist = jnp.asarray(squash_factor, jnp.float32)
-    else:
-        max_dist = jnp.max(v) - jnp.min(v)
-    loss = jnp.sum(jnp.exp(log_p) * dist, axis=-1)
-    if reweigh:
-        loss = _reweigh(loss, logits, number_tokens, max_dist, log_normalizer)
+    loss = jnp.sum(jax.nn.softmax(number_logits, axis=-1) * dist, axis=-1)
+    if masses is not None:
+        if squash_factor is not None:
+            max_dist = jnp.asarray(squash_factor, jnp.float32)
+        else:
+            max_dist = jnp.max(v) - jnp.min(v)
+        loss = _reweigh(loss, masses, max_dist)
     return loss, is_number
 
 
-def _dot_per_position(logits, targets, number_tokens, *, loss, reweigh, log_normalizer=None):
+def _dot_per_position(number_logits, targets, number_tokens, *, loss, masses):
     fn = _dot_loss_fn(loss)
     is_number, y = target_values(targets, number_tokens)
-    log_p, number_logits = _number_log_probs(logits, number_tokens)
-    v = jnp.asarray(number_tokens.number_values, jnp.float32)
-    yhat = jnp.sum(jnp.exp(log_p) * v, axis=-1)
-    per_position = fn(yhat - y)
-    if reweigh:
+    per_position = fn(_expected_value(number_logits, number_tokens) - y)
+    if masses is not None:
         # ntloss: the largest value the loss takes between the extreme token values.
-        max_dist = fn(jnp.max(v) - jnp.min(v))
-        per_position = _reweigh(per_position, logits, number_tokens, max_dist, log_normalizer)
+        v = jnp.asarray(number_tokens.number_values, jnp.float32)
+        per_position = _reweigh(per_position, masses, fn(jnp.max(v) - jnp.min(v)))
     return per_position, is_number
 
 
@@ -344,19 +345,38 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None):
     return starts, numbers
 
 
-def _number_level_per_position(logits, targets, number_tokens, *, float_level, reweigh, log_normalizer=None):
+def _number_level_per_position(number_logits, targets, number_tokens, *, float_level, masses):
     is_digit, y = target_values(targets, number_tokens)
-    log_p, number_logits = _number_log_probs(logits, number_tokens)
-    v = jnp.asarray(number_tokens.number_values, jnp.float32)
-    yhat = jnp.sum(jnp.exp(log_p) * v, axis=-1)
+    yhat = _expected_value(number_logits, number_tokens)
     dot_id = number_tokens.dot_id if float_level else None
     starts, y_num = join_digit_runs(is_digit, y, targets, dot_id)
     _, yhat_num = join_digit_runs(is_digit, yhat, targets, dot_id)
     # Symmetric MAPE, bounded in [0, 1].
     loss = jnp.abs(yhat_num - y_num) / (jnp.abs(yhat_num) + jnp.abs(y_num) + _EPS)
-    if reweigh:
-        loss = _reweigh(loss, logits, number_tokens, jnp.float32(1.0), log_normalizer)
+    if masses is not None:
+        loss = _reweigh(loss, masses, jnp.float32(1.0))
     return loss, starts
+
+
+def per_position_from_numbers(number_logits, targets, number_tokens, *, kind="was", masses=None,
+                              squash_factor=None):
+    """`(loss, counted)` for any NTL `kind`, both `[batch, length]`, from the number
+    tokens' logits alone (`[batch, length, N]` float32, as `number_logits` returns).
+
+    `masses` is `(mass, rest)`, the full-vocabulary probability on the number tokens
+    and on the others, to reweigh with; None does not reweigh.
+    """
+    if kind == "was":
+        return _was_per_position(number_logits, targets, number_tokens, masses=masses, squash_factor=squash_factor)
+    if squash_factor is not None:
+        raise ValueError(f"squash_factor applies only to kind='was', got kind={kind!r}")
+    if kind in ("mse", "mae", "huber"):
+        return _dot_per_position(number_logits, targets, number_tokens, loss=kind, masses=masses)
+    if kind in ("number_level", "number_level_float"):
+        return _number_level_per_position(
+            number_logits, targets, number_tokens, float_level=kind == "number_level_float", masses=masses
+        )
+    raise ValueError(f"expected kind in {KINDS}, got {kind!r}")
 
 
 def per_position_loss(
@@ -367,23 +387,11 @@ def per_position_loss(
     `log_normalizer` (the full-vocabulary logsumexp, `[batch, length]`) may be passed
     in by a caller that has it already, so `reweigh` does not compute it twice.
     """
-    if kind == "was":
-        return _was_per_position(
-            logits, targets, number_tokens, reweigh=reweigh, squash_factor=squash_factor,
-            log_normalizer=log_normalizer,
-        )
-    if squash_factor is not None:
-        raise ValueError(f"squash_factor applies only to kind='was', got kind={kind!r}")
-    if kind in ("mse", "mae", "huber"):
-        return _dot_per_position(
-            logits, targets, number_tokens, loss=kind, reweigh=reweigh, log_normalizer=log_normalizer
-        )
-    if kind in ("number_level", "number_level_float"):
-        return _number_level_per_position(
-            logits, targets, number_tokens, float_level=kind == "number_level_float", reweigh=reweigh,
-            log_normalizer=log_normalizer,
-        )
-    raise ValueError(f"expected kind in {KINDS}, got {kind!r}")
+    masses = number_mass(logits, number_tokens, log_normalizer) if reweigh else None
+    return per_position_from_numbers(
+        number_logits(logits, number_tokens), targets, number_tokens, kind=kind, masses=masses,
+        squash_factor=squash_factor,
+    )
 
 
 # -- public losses ---------------------------------------------------------------
@@ -430,7 +438,9 @@ def ntl_was(
     check_bool("reweigh", reweigh)
     weights = check_inputs(logits, targets, number_tokens, weights)
     logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
-    loss, counted = _was_per_position(logits, targets, number_tokens, reweigh=reweigh, squash_factor=squash_factor)
+    loss, counted = per_position_loss(
+        logits, targets, number_tokens, kind="was", reweigh=reweigh, squash_factor=squash_factor
+    )
     return reduce_loss(loss, counted, weights, reduction)
 
 
@@ -471,7 +481,7 @@ def ntl_dot(
     check_bool("reweigh", reweigh)
     weights = check_inputs(logits, targets, number_tokens, weights)
     logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
-    per_position, counted = _dot_per_position(logits, targets, number_tokens, loss=loss, reweigh=reweigh)
+    per_position, counted = per_position_loss(logits, targets, number_tokens, kind=loss, reweigh=reweigh)
     return reduce_loss(per_position, counted, weights, reduction)
 
 
@@ -514,9 +524,8 @@ def number_level_loss(
     check_bool("reweigh", reweigh)
     weights = check_inputs(logits, targets, number_tokens, weights)
     logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
-    loss, counted = _number_level_per_position(
-        logits, targets, number_tokens, float_level=float_level, reweigh=reweigh
-    )
+    kind = "number_level_float" if float_level else "number_level"
+    loss, counted = per_position_loss(logits, targets, number_tokens, kind=kind, reweigh=reweigh)
     return reduce_loss(loss, counted, weights, reduction)
 
 
@@ -563,6 +572,5 @@ def predict_numbers(logits, number_tokens: NumberTokens):
     (1.0, 0.5)
     """
     check_inputs(logits, None, number_tokens)
-    log_p, number_logits = _number_log_probs(logits, number_tokens)
-    value = jnp.sum(jnp.exp(log_p) * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
-    return value, _number_mass(logits, number_tokens)[0]
+    value = _expected_value(number_logits(logits, number_tokens), number_tokens)
+    return value, number_mass(logits, number_tokens)[0]

@@ -9,7 +9,7 @@ without t5x installed. The paper trains on `CE + 0.3 * NTL`.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -156,26 +156,59 @@ def _check_smoothing_and_z(label_smoothing, z_loss) -> None:
     losses.check_real("z_loss", z_loss, low=0.0)
 
 
-def _cross_entropy_per_position(logits, targets, *, label_smoothing, z_loss, log_normalizer):
+class HeadStats(NamedTuple):
+    """What every term of the objective needs from the `[batch, length, vocab]` logits,
+    per position (all float32): the cross-entropy, z-loss and every NTL variant are
+    functions of these, so the logits themselves can be streamed (`fused.py`).
+
+    - `log_normalizer`: `logsumexp(logits)` over the vocabulary, `[batch, length]`;
+    - `target_logit`: the target's logit (0 where the target is outside the vocabulary);
+    - `logit_sum`: the sum of the logits over the vocabulary (label smoothing only, else None);
+    - `number_logits`: the number tokens' logits, `[batch, length, N]`;
+    - `masses`: `(mass, rest)`, the probability on number tokens and on the others
+      (`reweigh` only, else None).
+    """
+
+    log_normalizer: jax.Array
+    target_logit: jax.Array
+    logit_sum: jax.Array | None
+    number_logits: jax.Array
+    masses: tuple | None
+
+
+def _target_logit(logits, targets):
+    vocab = logits.shape[-1]
+    in_vocab = (targets >= 0) & (targets < vocab)
+    target_logit = jnp.take_along_axis(logits, jnp.where(in_vocab, targets, 0)[..., None], axis=-1)[..., 0]
+    return jnp.where(in_vocab, target_logit.astype(jnp.float32), 0.0)
+
+
+def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_smoothing, z_loss):
     """T5X's per-token cross-entropy with label smoothing and z-loss, without
     materialising the one-hot soft targets: `lse * sum(q) - sum(q * logits) - H(q)`."""
-    vocab = logits.shape[-1]
     confidence = 1.0 - label_smoothing
     low = (1.0 - confidence) / (vocab - 1)
     normalizing_constant = -(confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
     in_vocab = (targets >= 0) & (targets < vocab)
-    target_logit = jnp.take_along_axis(logits, jnp.where(in_vocab, targets, 0)[..., None], axis=-1)[..., 0]
-    target_logit = jnp.where(in_vocab, target_logit.astype(jnp.float32), 0.0)
     on = jnp.where(in_vocab, confidence, 0.0)
     if low > 0:
         mass = on + low * (vocab - in_vocab)
-        weighted_logits = on * target_logit + low * (
-            jnp.sum(logits.astype(jnp.float32), axis=-1) - target_logit
-        )
+        weighted_logits = on * head.target_logit + low * (head.logit_sum - head.target_logit)
     else:
-        mass, weighted_logits = on, on * target_logit
-    z_term = z_loss * jnp.square(log_normalizer)
-    return log_normalizer * mass - weighted_logits - normalizing_constant + z_term, z_term
+        mass, weighted_logits = on, on * head.target_logit
+    z_term = z_loss * jnp.square(head.log_normalizer)
+    return head.log_normalizer * mass - weighted_logits - normalizing_constant + z_term, z_term
+
+
+def _head_stats(logits, targets, number_tokens, *, log_normalizer, label_smoothing, reweigh, with_numbers=True):
+    """`HeadStats` of (sanitised, float32) logits."""
+    return HeadStats(
+        log_normalizer=log_normalizer,
+        target_logit=_target_logit(logits, targets),
+        logit_sum=jnp.sum(logits, axis=-1) if label_smoothing > 0 else None,
+        number_logits=losses.number_logits(logits, number_tokens) if with_numbers else None,
+        masses=losses.number_mass(logits, number_tokens, log_normalizer) if reweigh else None,
+    )
 
 
 def weighted_cross_entropy(
@@ -231,24 +264,24 @@ def weighted_cross_entropy(
     if weights is not None:
         keep &= weights != 0
     weights = jnp.where(keep, 1.0 if weights is None else weights, 0.0)
-    logits = jnp.where(keep[..., None], logits, jnp.zeros((), logits.dtype))
+    logits = jnp.where(keep[..., None], logits, jnp.zeros((), logits.dtype)).astype(jnp.float32)
     if log_normalizer is None:
-        log_normalizer = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+        log_normalizer = jax.nn.logsumexp(logits, axis=-1)
     else:
         log_normalizer = jnp.where(keep, log_normalizer, 0.0)
+    head = _head_stats(logits, targets, None, log_normalizer=log_normalizer, label_smoothing=label_smoothing,
+                       reweigh=False, with_numbers=False)
     return _weighted_cross_entropy_sums(
-        logits, targets, weights, label_smoothing=label_smoothing, z_loss=z_loss,
-        loss_normalizing_factor=loss_normalizing_factor, log_normalizer=log_normalizer,
+        head, targets, weights, vocab, label_smoothing=label_smoothing, z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor,
     )
 
 
-def _weighted_cross_entropy_sums(
-    logits, targets, weights, *, label_smoothing, z_loss, loss_normalizing_factor, log_normalizer
-):
-    """`weighted_cross_entropy` on checked inputs whose ignored positions are
-    sanitised (logits finite) and weighted 0."""
+def _weighted_cross_entropy_sums(head, targets, weights, vocab, *, label_smoothing, z_loss, loss_normalizing_factor):
+    """`weighted_cross_entropy` from the head's statistics, on checked inputs whose
+    ignored positions are sanitised (statistics finite) and weighted 0."""
     total, z_term = _cross_entropy_per_position(
-        logits, targets, label_smoothing=label_smoothing, z_loss=z_loss, log_normalizer=log_normalizer
+        head, targets, vocab, label_smoothing=label_smoothing, z_loss=z_loss
     )
     total, z_term = total * weights, z_term * weights
     weight_sum = jnp.sum(weights)
@@ -309,18 +342,50 @@ def cross_entropy_and_ntl(
     >>> round(float(parts["cross_entropy"]), 4), round(float(parts["ntl"]), 4)  # log 5; (2/3)/2
     (1.6094, 0.3333)
     """
+    check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
+    weights = losses.check_inputs(logits, targets, number_tokens, weights)
+    weights, factor = resolve_weights_and_factor(
+        targets, weights, number_tokens.vocab_size, loss_normalizing_factor,
+        decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
+    )
+    # Ignored positions: logits zeroed before any arithmetic, so NaN or inf there reach
+    # neither the loss nor the gradient; their targets become -1 (no number, no digit).
+    logits, targets, _ = losses.ignore_positions(logits, targets, weights, number_tokens.vocab_size)
+    # One float32 copy of the logits, so every term's gradient accumulates into a single
+    # buffer (with bf16 logits, separate casts cost a third more memory), and one
+    # full-vocabulary logsumexp for cross-entropy, z-loss and reweigh.
+    logits = logits.astype(jnp.float32)
+    head = _head_stats(
+        logits, targets, number_tokens, log_normalizer=jax.nn.logsumexp(logits, axis=-1),
+        label_smoothing=label_smoothing, reweigh=reweigh, with_numbers=ntl_kind != "none",
+    )
+    return objective_from_head(
+        head, targets, weights, factor, number_tokens, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
+        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
+    )
+
+
+def check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss) -> None:
+    """The option checks of `cross_entropy_and_ntl`, at trace time."""
     if ntl_kind != "none" and ntl_kind not in losses.KINDS:
         raise ValueError(f"expected ntl_kind in {('none',) + losses.KINDS}, got {ntl_kind!r}")
     losses.check_real("ntl_weight", ntl_weight, low=0.0)
     losses.check_bool("reweigh", reweigh)
     check_squash_factor(squash_factor)
+    if squash_factor is not None and ntl_kind != "was":
+        raise ValueError(f"squash_factor applies only to kind='was', got kind={ntl_kind!r}")
     _check_smoothing_and_z(label_smoothing, z_loss)
-    weights = losses.check_inputs(logits, targets, number_tokens, weights)
-    vocab = number_tokens.vocab_size
+
+
+def resolve_weights_and_factor(targets, weights, vocab: int, loss_normalizing_factor, *,
+                               decoder_segment_ids=None, decoder_positions=None):
+    """`(weights, factor)` as `cross_entropy_and_ntl` uses them: targets outside the
+    vocabulary weighted 0 before anything is counted, then T5X's resolution of the
+    factor; a special factor that comes out 0 (nothing counted) becomes 1, so every
+    sum is 0 rather than NaN. `weights` comes out float32 `[batch, length]`."""
     special = _special_factor(loss_normalizing_factor)
     if weights is None and special is not None:
         weights = jnp.asarray(targets > 0, jnp.float32)  # T5X's default for special factors
-    # Targets outside the vocabulary are ignored before anything is counted.
     in_vocab = (targets >= 0) & (targets < vocab)
     weights = jnp.where(in_vocab, 1.0 if weights is None else weights, 0.0)
     factor, weights = loss_normalizing_factor_and_weights(
@@ -328,26 +393,24 @@ def cross_entropy_and_ntl(
         decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
     )
     if special is not None:
-        # 0 when nothing is counted (all weights 0, an empty batch): every sum is 0 then.
         factor = max(factor, 1) if isinstance(factor, int) else jnp.where(factor > 0, factor, 1.0)
-    # Ignored positions: logits zeroed before any arithmetic, so NaN or inf there reach
-    # neither the loss nor the gradient; their targets become -1 (no number, no digit).
-    logits, targets, _ = losses.ignore_positions(logits, targets, weights, vocab)
-    # One float32 copy of the logits, so every term's gradient accumulates into a single
-    # buffer (with bf16 logits, separate casts cost a third more memory), and one
-    # full-vocabulary logsumexp for cross-entropy, z-loss and reweigh.
-    logits = logits.astype(jnp.float32)
-    log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+    return weights, factor
+
+
+def objective_from_head(head: HeadStats, targets, weights, factor, number_tokens: NumberTokens, *,
+                        ntl_kind, ntl_weight, squash_factor, label_smoothing, z_loss):
+    """`(loss, parts)` of `cross_entropy_and_ntl` from the head's statistics, with
+    ignored positions already sanitised (target -1, weight 0)."""
     ce, z, weight_sum = _weighted_cross_entropy_sums(
-        logits, targets, weights, label_smoothing=label_smoothing, z_loss=z_loss,
-        loss_normalizing_factor=factor, log_normalizer=log_normalizer,
+        head, targets, weights, number_tokens.vocab_size, label_smoothing=label_smoothing, z_loss=z_loss,
+        loss_normalizing_factor=factor,
     )
     if ntl_kind == "none":
         ntl = ntl_weight_sum = jnp.float32(0.0)
     else:
-        per_position, counted = losses.per_position_loss(
-            logits, targets, number_tokens, kind=ntl_kind, reweigh=reweigh, squash_factor=squash_factor,
-            log_normalizer=log_normalizer,
+        per_position, counted = losses.per_position_from_numbers(
+            head.number_logits, targets, number_tokens, kind=ntl_kind, masses=head.masses,
+            squash_factor=squash_factor,
         )
         per_token = losses.reduce_loss(per_position, counted, weights, "none")
         ntl = jnp.sum(per_token)

@@ -1,0 +1,273 @@
+"""Cross-entropy + NTL straight from the decoder's hidden states, without ever holding
+the `[batch, length, vocab]` logits.
+
+Every term of the objective needs only a few numbers per position (`HeadStats`): the
+log-normaliser, the target's logit, the sum of the logits (label smoothing), the number
+tokens' logits, and, to reweigh, the log-normaliser over the non-number tokens. The
+number tokens' logits and the target's logit are small products computed directly;
+the log-normaliser over the rest of the vocabulary is streamed over vocabulary chunks
+of `[batch * length, chunk]`, and its custom gradient recomputes each chunk's logits in
+the backward pass, writing each chunk of the kernel's gradient once (chunking over the
+vocabulary rather than the tokens needs no float32 accumulator the size of the kernel).
+From the statistics on, the arithmetic is `cross_entropy_and_ntl`'s own.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntl_jax import losses
+from ntl_jax import objective
+from ntl_jax.numbers import NumberTokens
+
+# Default chunk: about this many float32 logits held at a time (32 MiB).
+_CHUNK_ELEMENTS = 1 << 23
+
+
+def default_chunk_size(num_tokens: int, vocab: int) -> int:
+    """Vocabulary columns per chunk: `_CHUNK_ELEMENTS / num_tokens`, a multiple of 128."""
+    chunk = (_CHUNK_ELEMENTS // max(num_tokens, 1)) // 128 * 128
+    return int(min(max(chunk, 128), vocab))
+
+
+def _dot(a, b, contract):
+    """`a . b` over the axes `contract` = ((a axis,), (b axis,)), accumulated in float32."""
+    return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
+
+
+def _kernel_chunk(kernel, start, chunk):
+    """Columns `[start, start + chunk)` of the kernel. The barrier keeps XLA from hoisting
+    a dtype conversion of the whole kernel out of the loop (the CPU backend computes
+    bf16 products in float32 and would otherwise convert all of it at once)."""
+    kernel, start = jax.lax.optimization_barrier((kernel, start))
+    return jax.lax.dynamic_slice_in_dim(kernel, start, chunk, axis=1)
+
+
+def _chunks(vocab: int, chunk: int):
+    """`(full, rest)`: the number of whole chunks and the width of the last partial one."""
+    return vocab // chunk, vocab % chunk
+
+
+def _rest_lse_chunk(h, kernel_chunk, is_number_chunk):
+    logits = _dot(h, kernel_chunk, ((1,), (0,)))
+    return jax.nn.logsumexp(jnp.where(is_number_chunk[None, :], -jnp.inf, logits), axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _vocab_stats(h, kernel, targets, ids, chunk, with_sum):
+    return _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum)[0]
+
+
+def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum):
+    """`(rest_lse, target_logit, logit_sum, number_logits)` of `h @ kernel`.
+
+    h `[N, D]`, kernel `[D, V]`, targets `[N]` in `[0, V)`, ids `[n]` the number
+    tokens. `rest_lse` is the logsumexp over the tokens that are not numbers.
+    """
+    num, vocab = h.shape[0], kernel.shape[1]
+    is_number = jnp.zeros(vocab, bool).at[ids].set(True)
+    full, rest = _chunks(vocab, chunk)
+
+    def body(i, acc):
+        start = i * chunk
+        kernel_chunk = _kernel_chunk(kernel, start, chunk)
+        is_number_chunk = jax.lax.dynamic_slice_in_dim(is_number, start, chunk)
+        return jnp.logaddexp(acc, _rest_lse_chunk(h, kernel_chunk, is_number_chunk))
+
+    rest_lse = jax.lax.fori_loop(0, full, body, jnp.full((num,), -jnp.inf, jnp.float32))
+    if rest:
+        start = full * chunk
+        rest_lse = jnp.logaddexp(rest_lse, _rest_lse_chunk(h, kernel[:, start:], is_number[start:]))
+    target_columns = jnp.take(kernel, targets, axis=1)  # [D, N]
+    target_logit = jnp.einsum("nd,dn->n", h, target_columns, preferred_element_type=jnp.float32)
+    if with_sum:
+        logit_sum = _dot(h.astype(jnp.float32), jnp.sum(kernel, axis=1, dtype=jnp.float32), ((1,), (0,)))
+    else:
+        logit_sum = jnp.zeros((num,), jnp.float32)
+    number_logits = _dot(h, jnp.take(kernel, ids, axis=1), ((1,), (0,)))
+    out = (rest_lse, target_logit, logit_sum, number_logits)
+    return out, (h, kernel, targets, ids, rest_lse)
+
+
+def _vocab_stats_bwd(chunk, with_sum, residuals, cotangents):
+    h, kernel, targets, ids, rest_lse = residuals
+    g_rest, g_target, g_sum, g_numbers = cotangents
+    vocab = kernel.shape[1]
+    is_number = jnp.zeros(vocab, bool).at[ids].set(True)
+    full, rest = _chunks(vocab, chunk)
+    # A -inf rest_lse (no token outside the numbers) has zero probability everywhere.
+    shift = jnp.where(jnp.isfinite(rest_lse), rest_lse, 0.0)[:, None]
+
+    def chunk_grads(start, kernel_chunk, is_number_chunk):
+        """`(d hidden, d kernel_chunk)` of this chunk's logits' share of the statistics."""
+        width = kernel_chunk.shape[1]
+        logits = _dot(h, kernel_chunk, ((1,), (0,)))
+        columns = start + jnp.arange(width)
+        d_logits = jnp.where(is_number_chunk[None, :], 0.0, g_rest[:, None] * jnp.exp(logits - shift))
+        d_logits += jnp.where(columns[None, :] == targets[:, None], g_target[:, None], 0.0)
+        if with_sum:
+            d_logits += g_sum[:, None]
+        # The number tokens inside this chunk: a [n, width] one-hot (zero rows outside).
+        d_logits += _dot(g_numbers, jax.nn.one_hot(ids - start, width, dtype=jnp.float32), ((1,), (0,)))
+        # As the unfused path does: the logits' gradient in the logits' dtype.
+        d_logits = d_logits.astype(jnp.result_type(h, kernel))
+        d_h = _dot(d_logits, kernel_chunk, ((1,), (1,)))
+        d_kernel = _dot(h, d_logits, ((0,), (0,))).astype(kernel.dtype)
+        return d_h, d_kernel
+
+    def body(i, carry):
+        d_h, d_kernel = carry
+        start = i * chunk
+        kernel_chunk = _kernel_chunk(kernel, start, chunk)
+        is_number_chunk = jax.lax.dynamic_slice_in_dim(is_number, start, chunk)
+        d_h_chunk, d_kernel_chunk = chunk_grads(start, kernel_chunk, is_number_chunk)
+        return d_h + d_h_chunk, jax.lax.dynamic_update_slice_in_dim(d_kernel, d_kernel_chunk, start, axis=1)
+
+    carry = (jnp.zeros(h.shape, jnp.float32), jnp.zeros_like(kernel))
+    d_h, d_kernel = jax.lax.fori_loop(0, full, body, carry)
+    if rest:
+        start = full * chunk
+        d_h_chunk, d_kernel_chunk = chunk_grads(start, kernel[:, start:], is_number[start:])
+        d_h = d_h + d_h_chunk
+        d_kernel = jax.lax.dynamic_update_slice_in_dim(d_kernel, d_kernel_chunk, start, axis=1)
+    return d_h.astype(h.dtype), d_kernel, None, None
+
+
+_vocab_stats.defvjp(_vocab_stats_fwd, _vocab_stats_bwd)
+
+
+def _check_hidden_and_kernel(hidden, kernel, targets, number_tokens) -> None:
+    if not isinstance(number_tokens, NumberTokens):
+        raise TypeError(f"expected number_tokens to be a NumberTokens, got {type(number_tokens).__name__}")
+    losses.check_array("hidden", hidden, "[batch, length, d_model]")
+    losses.check_array("kernel", kernel, "[d_model, vocab]")
+    losses.check_array("targets", targets, "[batch, length]")
+    if jnp.ndim(hidden) != 3:
+        raise ValueError(f"expected hidden of rank 3 [batch, length, d_model], got shape {jnp.shape(hidden)}")
+    if jnp.ndim(kernel) != 2:
+        raise ValueError(f"expected kernel of rank 2 [d_model, vocab], got shape {jnp.shape(kernel)}")
+    for name, x in (("hidden", hidden), ("kernel", kernel)):
+        if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+            raise TypeError(f"expected floating-point {name} (f32, bf16 or f16), got {jnp.result_type(x)}")
+    if jnp.shape(kernel)[0] != jnp.shape(hidden)[-1]:
+        raise ValueError(
+            f"expected kernel of shape [d_model={jnp.shape(hidden)[-1]}, vocab] (hidden's last axis), "
+            f"got {jnp.shape(kernel)}"
+        )
+    if jnp.shape(kernel)[1] != number_tokens.vocab_size:
+        raise ValueError(
+            f"expected a kernel with {number_tokens.vocab_size} columns (the vocabulary size of "
+            f"number_tokens), got {jnp.shape(kernel)[1]}"
+        )
+    if jnp.ndim(targets) != 2 or jnp.shape(targets) != jnp.shape(hidden)[:2]:
+        raise ValueError(
+            f"expected targets of shape {jnp.shape(hidden)[:2]} (hidden's first two axes), got {jnp.shape(targets)}"
+        )
+    if not jnp.issubdtype(jnp.result_type(targets), jnp.integer):
+        raise TypeError(f"expected integer targets (token ids), got {jnp.result_type(targets)}")
+
+
+def fused_cross_entropy_and_ntl(
+    hidden,
+    kernel,
+    targets,
+    number_tokens: NumberTokens,
+    *,
+    weights=None,
+    ntl_kind: str = "was",
+    ntl_weight: float = 0.3,
+    reweigh: bool = False,
+    squash_factor: float | None = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    loss_normalizing_factor=None,
+    decoder_segment_ids=None,
+    decoder_positions=None,
+    chunk_size: int | None = None,
+):
+    """`cross_entropy_and_ntl(hidden @ kernel, ...)` without the logits in memory.
+
+    The same loss and parts (to float32 rounding), and the same gradients with respect
+    to `hidden` and `kernel`, while the largest temporary is one `[batch * length,
+    chunk_size]` float32 block instead of several `[batch, length, vocab]` ones. The
+    backward pass recomputes each chunk's logits (one more matmul than the unfused
+    path).
+
+    Args:
+      hidden: `[batch, length, d_model]` floating, the decoder's output before the
+        logits projection (after its final norm and dropout).
+      kernel: `[d_model, vocab]` floating, the projection (T5.1.1's `logits_dense`
+        kernel). With logits tied to the embedding (`logits_via_embedding`), pass the
+        embedding table transposed, `embedding.T`, and fold T5's `1/sqrt(d_model)`
+        logit scaling into `hidden` (`hidden / jnp.sqrt(d_model)`): the logits are
+        linear in both.
+      targets, number_tokens: as in `cross_entropy_and_ntl`; the kernel has one column
+        per entry of `number_tokens`' vocabulary.
+      weights, ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
+      loss_normalizing_factor, decoder_segment_ids, decoder_positions: exactly as in
+        `cross_entropy_and_ntl`.
+      chunk_size: vocabulary columns per chunk; None picks about 8M logits per chunk
+        (`default_chunk_size`). Any size works; the last chunk may be narrower.
+
+    Mixed dtypes are promoted (`jnp.result_type(hidden, kernel)`); products accumulate
+    in float32 and no float32 `[batch, length, vocab]` array is formed.
+
+    Returns:
+      `(loss, parts)` as `cross_entropy_and_ntl`.
+
+    >>> import jax.numpy as jnp
+    >>> nt = NumberTokens.from_pieces(["<pad>", "</s>", "0", "1", "2"])
+    >>> hidden, kernel = jnp.ones((1, 2, 3)), jnp.zeros((3, 5))
+    >>> loss, parts = fused_cross_entropy_and_ntl(hidden, kernel, jnp.array([[3, 1]]), nt,
+    ...     loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    >>> round(float(parts["cross_entropy"]), 4), round(float(parts["ntl"]), 4)  # log 5; (2/3)/2
+    (1.6094, 0.3333)
+    """
+    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
+    _check_hidden_and_kernel(hidden, kernel, targets, number_tokens)
+    weights = losses.check_weights(weights, jnp.shape(targets))
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer))
+                                   or chunk_size < 1):
+        raise ValueError(f"expected chunk_size None or a positive int, got {chunk_size!r}")
+    vocab = number_tokens.vocab_size
+    weights, factor = objective.resolve_weights_and_factor(
+        targets, weights, vocab, loss_normalizing_factor,
+        decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
+    )
+    dtype = jnp.result_type(hidden, kernel)
+    hidden, kernel = jnp.asarray(hidden, dtype), jnp.asarray(kernel, dtype)
+    # Ignored positions: zero hidden states give the zero logits the unfused path uses
+    # there, and NaN or inf in them reach neither the loss nor the gradient.
+    keep = (targets >= 0) & (targets < vocab) & (weights != 0)
+    hidden = jnp.where(keep[..., None], hidden, jnp.zeros((), dtype))
+    targets = jnp.where(keep, targets, -1)
+    batch, length, d_model = hidden.shape
+    chunk = default_chunk_size(batch * length, vocab) if chunk_size is None else min(int(chunk_size), vocab)
+    ids = jnp.asarray(number_tokens.ids)
+    rest_lse, target_logit, logit_sum, number_logits = _vocab_stats(
+        hidden.reshape(batch * length, d_model), kernel, jnp.maximum(targets, 0).reshape(-1), ids, chunk,
+        label_smoothing > 0,
+    )
+    shape = (batch, length)
+    number_logits = number_logits.reshape(shape + (-1,))
+    number_lse = jax.nn.logsumexp(number_logits, axis=-1)
+    rest_lse = rest_lse.reshape(shape)
+    log_normalizer = jnp.logaddexp(number_lse, rest_lse)
+    masses = None
+    if reweigh:
+        masses = (jnp.exp(number_lse - log_normalizer), jnp.exp(rest_lse - log_normalizer))
+    head = objective.HeadStats(
+        log_normalizer=log_normalizer,
+        target_logit=jnp.where(keep, target_logit.reshape(shape), 0.0),
+        logit_sum=logit_sum.reshape(shape) if label_smoothing > 0 else None,
+        number_logits=number_logits,
+        masses=masses,
+    )
+    return objective.objective_from_head(
+        head, targets, weights, factor, number_tokens, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
+        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
+    )
