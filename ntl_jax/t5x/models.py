@@ -10,30 +10,30 @@ a gin file and add the NTL options. Their `loss_fn` is
 with both terms weighted by the same per-token weights and divided by the same
 `loss_normalizing_factor` (None, a number, `NUM_REAL_TARGET_TOKENS`,
 `NUM_TOTAL_TARGET_TOKENS`, `AVERAGE_PER_SEQUENCE`; packed batches included). The
-arithmetic is `ntl_jax.cross_entropy_and_ntl`, a pure function tested without T5X.
+arithmetic, the loss and every metric input, is `ntl_jax.t5x_loss` (on
+`ntl_jax.cross_entropy_and_ntl`), pure functions and a mixin tested without T5X.
 `score_batch`, decoding and everything else stay the stock ones (cross-entropy only).
+
+Targets outside the vocabulary: a position whose target id is outside
+`[0, logits.shape[-1])` is ignored everywhere. It adds nothing to either loss term,
+does not count in the loss-normalising factor, and has mask 0 in the stock metrics
+(`accuracy`, `loss_per_nonpadding_target_token`, `non_padding_fraction/loss_weights`),
+where the stock model would still count it.
 
 Zausinger et al., "Regress, Don't Guess", ICML 2025 (arXiv:2411.02083).
 """
 
 from __future__ import annotations
 
-import numbers as _pynumbers
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from clu import metrics as clu_metrics
 from t5x import metrics as metrics_lib
 from t5x import models
 
-import ntl_jax
-from ntl_jax import losses
-from ntl_jax.numbers import NumberTokens, check_squash_factor
-
-# What `ntl_kind` accepts; "none" trains with cross-entropy alone (NTL still logged).
-NTL_KINDS = ("was", "mse", "mae", "huber", "number_level", "number_level_float", "none")
+from ntl_jax.numbers import NumberTokens
+from ntl_jax.t5x_loss import NTL_KINDS  # noqa: F401  (re-exported: what `ntl_kind` accepts)
+from ntl_jax.t5x_loss import NTLLossMixin, number_quality_totals
 
 
 def padded_number_tokens(number_tokens: NumberTokens, vocab_size: int) -> NumberTokens:
@@ -52,150 +52,6 @@ def padded_vocab_size(vocabulary: Any, multiple: int = 128) -> int:
     return -(-size // multiple) * multiple
 
 
-def _check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level) -> None:
-    if isinstance(ntl_weight, bool) or not isinstance(ntl_weight, _pynumbers.Real):
-        raise TypeError(f"expected ntl_weight to be a number >= 0, got {ntl_weight!r}")
-    if not ntl_weight >= 0:
-        raise ValueError(f"expected ntl_weight >= 0, got {ntl_weight}")
-    if ntl_kind not in NTL_KINDS:
-        raise ValueError(f"expected ntl_kind in {NTL_KINDS}, got {ntl_kind!r}")
-    for name, value in (("reweigh", reweigh), ("digit_level", digit_level)):
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"expected {name} to be True or False, got {value!r}")
-    check_squash_factor(squash_factor)
-    if squash_factor is not None and ntl_kind != "was":
-        raise ValueError(f"squash_factor applies to ntl_kind='was' only, got ntl_kind={ntl_kind!r}")
-
-
-class _NTLLossMixin:
-    """The shared `loss_fn`; mixed in before a stock T5X transformer model."""
-
-    def __init__(
-        self,
-        *args,
-        ntl_weight: float = 0.3,
-        ntl_kind: str = "was",
-        reweigh: bool = False,
-        squash_factor: Optional[float] = None,
-        digit_level: bool = True,
-        **kwargs,
-    ):
-        # The stock model's own arguments (module, vocabularies, ...) pass through.
-        super().__init__(*args, **kwargs)
-        self._configure_ntl(
-            ntl_weight=ntl_weight,
-            ntl_kind=ntl_kind,
-            reweigh=reweigh,
-            squash_factor=squash_factor,
-            digit_level=digit_level,
-        )
-
-    def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level):
-        _check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level)
-        self._ntl_weight = float(ntl_weight)
-        self._ntl_kind = ntl_kind
-        self._reweigh = bool(reweigh)
-        self._squash_factor = None if squash_factor is None else float(squash_factor)
-        # Built once on the host from the output vocabulary; a closure constant in jit.
-        self._number_tokens = NumberTokens.from_vocabulary(self.output_vocabulary, digit_level=digit_level)
-        self._padded_number_tokens = {}
-
-    @property
-    def number_tokens(self) -> NumberTokens:
-        """The number tokens of the output vocabulary."""
-        return self._number_tokens
-
-    @property
-    def ntl_options(self) -> dict:
-        return {
-            "ntl_weight": self._ntl_weight,
-            "ntl_kind": self._ntl_kind,
-            "reweigh": self._reweigh,
-            "squash_factor": self._squash_factor,
-        }
-
-    def _number_tokens_for(self, vocab_size: int) -> NumberTokens:
-        if vocab_size not in self._padded_number_tokens:
-            self._padded_number_tokens[vocab_size] = padded_number_tokens(self._number_tokens, vocab_size)
-        return self._padded_number_tokens[vocab_size]
-
-    def loss_fn(
-        self,
-        params: Any,
-        batch: Mapping[str, jnp.ndarray],
-        dropout_rng: Optional[jax.Array],
-    ) -> Tuple[jnp.ndarray, Mapping[str, clu_metrics.Metric]]:
-        """Cross-entropy + `ntl_weight` * NTL, and the stock metrics plus NTL ones."""
-        logits = self._compute_logits(params, batch, dropout_rng)
-        targets = batch["decoder_target_tokens"]
-        number_tokens = self._number_tokens_for(logits.shape[-1])
-        segment_kwargs = {
-            "decoder_segment_ids": batch.get("decoder_segment_ids"),
-            "decoder_positions": batch.get("decoder_positions"),
-        }
-        loss, parts = ntl_jax.cross_entropy_and_ntl(
-            logits,
-            targets,
-            number_tokens,
-            weights=batch.get("decoder_loss_weights"),
-            ntl_kind=self._ntl_kind,
-            ntl_weight=self._ntl_weight,
-            reweigh=self._reweigh,
-            squash_factor=self._squash_factor,
-            label_smoothing=self._label_smoothing,
-            z_loss=self._z_loss,
-            loss_normalizing_factor=self._loss_normalizing_factor,
-            **segment_kwargs,
-        )
-        # The stock metrics see the same (possibly rescaled) weights as the stock model.
-        _, weights = ntl_jax.loss_normalizing_factor_and_weights(
-            self._loss_normalizing_factor,
-            targets,
-            batch.get("decoder_loss_weights"),
-            **segment_kwargs,
-        )
-        metrics = self._compute_metrics(
-            logits=logits,
-            targets=targets,
-            mask=weights,
-            loss=loss,
-            z_loss=parts["z_loss"],
-            segment_ids=_segment_ids(batch),
-        )
-        metrics.update(self._ntl_metrics(logits, targets, weights, number_tokens, parts))
-        return loss, metrics
-
-    def _ntl_metrics(self, logits, targets, weights, number_tokens, parts):
-        """NTL metrics, and the stock cross-entropy metrics without the NTL term."""
-        num_tokens = jnp.array(targets.size)
-        cross_entropy = parts["cross_entropy"]
-        # The stock metric is `loss - z_loss`, which would include ntl_weight * NTL.
-        out = {
-            "cross_ent_loss": metrics_lib.AveragePerStep(total=cross_entropy),
-            "cross_ent_loss_per_all_target_tokens": clu_metrics.Average(
-                total=cross_entropy, count=num_tokens
-            ),
-            "ntl_loss": metrics_lib.AveragePerStep(total=parts["ntl"]),
-        }
-        # Undo the normalisation to get a mean over the (weighted) number positions.
-        factor = parts["loss_normalizing_factor"]
-        out["ntl_loss_per_number_token"] = clu_metrics.Average(
-            total=parts["ntl"] * factor, count=parts["ntl_weight_sum"]
-        )
-        out.update(number_quality_metrics(logits, targets, weights, number_tokens))
-        return out
-
-
-def _segment_ids(batch: Mapping[str, jnp.ndarray]) -> Mapping[str, jnp.ndarray]:
-    """The packing/padding features the stock `loss_fn` hands to `_compute_metrics`."""
-    segment_ids = {k[: -len("_segment_ids")]: v for k, v in batch.items() if k.endswith("_segment_ids")}
-    if not segment_ids:
-        segment_ids = {
-            k: v != 0 for k, v in batch.items() if k in ("encoder_input_tokens", "decoder_target_tokens")
-        }
-    return segment_ids
-
-
 def number_quality_metrics(logits, targets, weights, number_tokens: NumberTokens):
     """How well the number head regresses, at target positions that are number tokens.
 
@@ -203,19 +59,19 @@ def number_quality_metrics(logits, targets, weights, number_tokens: NumberTokens
       expectation taken under the softmax restricted to the number tokens.
     - `number_token_mass`: mean full-vocabulary probability on number tokens.
 
-    Both are plain means over the counted positions (weight > 0, or target != 0 when
-    there are no weights), so they do not depend on the loss-normalising factor.
+    Both are plain means (clu `Average`) over the counted positions (weight > 0, or
+    target != 0 when there are no weights), so they do not depend on the
+    loss-normalising factor. See `ntl_jax.t5x_loss.number_quality_totals`.
     """
-    logits = jax.lax.stop_gradient(logits)
-    value, mass = ntl_jax.predict_numbers(logits, number_tokens)
-    counted, target_value = losses.target_values(targets, number_tokens)
-    counted &= (weights > 0) if weights is not None else (targets != 0)
-    count = jnp.sum(counted)
-    abs_error = jnp.where(counted, jnp.abs(value - target_value), 0.0)
-    return {
-        "number_abs_error": clu_metrics.Average(total=jnp.sum(abs_error), count=count),
-        "number_token_mass": clu_metrics.Average(total=jnp.sum(jnp.where(counted, mass, 0.0)), count=count),
-    }
+    totals = number_quality_totals(logits, targets, weights, number_tokens)
+    return {name: clu_metrics.Average(total=total, count=count) for name, (total, count) in totals.items()}
+
+
+class _NTLLossMixin(NTLLossMixin):
+    """`NTLLossMixin` with T5X's metric classes."""
+
+    per_step_metric = metrics_lib.AveragePerStep
+    average_metric = clu_metrics.Average
 
 
 class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
@@ -237,7 +93,10 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
       digit_level: only the single characters 0-9 are number tokens (the paper);
         False counts every piece that parses as a number.
 
-    The number tokens come from `output_vocabulary`.
+    The number tokens come from `output_vocabulary`. Metrics: the stock ones (their
+    mask is the effective weights, 0 where the target id is outside the logits'
+    vocabulary), with `cross_ent_loss` the cross-entropy alone, plus `ntl_loss`,
+    `ntl_loss_per_number_token`, `number_abs_error` and `number_token_mass`.
     """
 
 

@@ -283,3 +283,22 @@ def test_logits_smaller_than_vocabulary_raise():
     nt = ntl_jax.NumberTokens.from_vocabulary(VOCAB)
     with pytest.raises(ValueError, match="at least"):
         ntl_models.padded_number_tokens(nt, 200)
+
+
+def test_targets_outside_the_vocabulary_are_not_counted_in_the_stock_metrics(encdec_params):
+    batch = _batch(packed=True, seed=7)
+    targets = np.asarray(batch["decoder_target_tokens"]).copy()
+    outside = np.zeros(targets.shape, bool)
+    outside[0, 0] = outside[1, 4] = outside[2, 2] = True
+    assert np.asarray(batch["decoder_loss_weights"])[outside].all()
+    bad = dict(batch, decoder_target_tokens=jnp.asarray(np.where(outside, MODEL_VOCAB_SIZE + 5, targets)))
+    # The same positions excluded by their weights instead: every metric must agree.
+    zeroed = dict(bad, decoder_loss_weights=jnp.where(outside, 0, batch["decoder_loss_weights"]))
+    model = _encdec(ntl_models.NTLEncoderDecoderModel, ntl_weight=0.3, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    loss, metrics = model.loss_fn(encdec_params, bad, None)
+    want_loss, want_metrics = model.loss_fn(encdec_params, zeroed, None)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+    _assert_metrics_equal(want_metrics, metrics)
+    # The stock model counts them.
+    _, stock = _encdec(t5x_models.EncoderDecoderModel).loss_fn(encdec_params, bad, None)
+    assert int(stock["accuracy"].count) == int(metrics["accuracy"].count) + 3

@@ -1,0 +1,353 @@
+"""The arithmetic of the NTL T5X models' `loss_fn`, importable without T5X.
+
+`ntl_jax.t5x.models` puts `NTLLossMixin` in front of the stock T5X models. Everything
+that mixin computes lives here, in pure functions on arrays, so it is tested where T5X
+is not installed (T5X is not on PyPI):
+
+- `model_loss`: the loss to differentiate (`ntl_jax.cross_entropy_and_ntl`, with the
+  loss-normalising factor resolved once), the inputs of the stock
+  `_compute_metrics` (mask, z-loss, segment ids) and the NTL metrics as plain totals
+  and counts;
+- `number_quality_totals`: how well the number head regresses, as totals and counts;
+- `NTLLossMixin`: the constructor options and `loss_fn`, on any base class that
+  provides T5X's `_compute_logits`, `_compute_metrics`, `output_vocabulary`,
+  `_label_smoothing`, `_z_loss` and `_loss_normalizing_factor`. It builds its metric
+  objects through two class attributes (`per_step_metric`, `average_metric`), which
+  `ntl_jax.t5x.models` sets to T5X's `AveragePerStep` and clu's `Average`.
+
+Zausinger et al., "Regress, Don't Guess", ICML 2025 (arXiv:2411.02083).
+"""
+
+from __future__ import annotations
+
+import enum
+import numbers as _pynumbers
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntl_jax import losses, objective
+from ntl_jax.numbers import NumberTokens, check_squash_factor
+
+# What `ntl_kind` accepts; "none" trains with cross-entropy alone (`ntl_loss` is then 0;
+# the number metrics `number_abs_error` and `number_token_mass` are still logged).
+NTL_KINDS = ("was", "mse", "mae", "huber", "number_level", "number_level_float", "none")
+
+
+def check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level) -> None:
+    """Raises `TypeError`/`ValueError` for options the NTL models do not accept."""
+    if isinstance(ntl_weight, bool) or not isinstance(ntl_weight, _pynumbers.Real):
+        raise TypeError(f"expected ntl_weight to be a number >= 0, got {ntl_weight!r}")
+    if not ntl_weight >= 0:
+        raise ValueError(f"expected ntl_weight >= 0, got {ntl_weight}")
+    if ntl_kind not in NTL_KINDS:
+        raise ValueError(f"expected ntl_kind in {NTL_KINDS}, got {ntl_kind!r}")
+    for name, value in (("reweigh", reweigh), ("digit_level", digit_level)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"expected {name} to be True or False, got {value!r}")
+    check_squash_factor(squash_factor)
+    if squash_factor is not None and ntl_kind != "was":
+        raise ValueError(f"squash_factor applies to ntl_kind='was' only, got ntl_kind={ntl_kind!r}")
+
+
+def segment_ids(batch: Mapping[str, Any]) -> dict:
+    """The packing/padding features the stock `loss_fn` hands to `_compute_metrics`:
+    every `<prefix>_segment_ids` keyed by its prefix, else (unpacked batches)
+    `encoder_input_tokens != 0` and `decoder_target_tokens != 0`."""
+    out = {k[: -len("_segment_ids")]: v for k, v in batch.items() if k.endswith("_segment_ids")}
+    if not out:
+        out = {k: v != 0 for k, v in batch.items() if k in ("encoder_input_tokens", "decoder_target_tokens")}
+    return out
+
+
+def _is_special(loss_normalizing_factor) -> bool:
+    """T5X treats a string or an enum member as a special factor; None and numbers pass."""
+    return isinstance(loss_normalizing_factor, (str, enum.Enum))
+
+
+def resolve_weights(logits, batch: Mapping[str, Any], loss_normalizing_factor):
+    """The effective per-token weights and the loss-normalising factor, resolved once.
+
+    T5X's `get_loss_normalizing_factor_and_weights` on the batch, except that a
+    position whose target id is outside `[0, logits.shape[-1])` has weight 0 before
+    the factor is taken (the losses ignore such positions: they count neither in
+    `NUM_REAL_TARGET_TOKENS` nor in a sequence's total for `AVERAGE_PER_SEQUENCE`).
+    Without `decoder_loss_weights` the weights are T5X's for the factor: `targets > 0`
+    for a special factor, every position otherwise. This is the resolution
+    `ntl_jax.cross_entropy_and_ntl` makes (`objective.resolve_weights_and_factor`).
+
+    Returns:
+      `(weights, factor)`: `[batch, length]` float32, and None, the given number, or
+      the resolved special factor (at least 1, so an empty batch gives 0, not NaN).
+    """
+    weights, factor = objective.resolve_weights_and_factor(
+        batch["decoder_target_tokens"], batch.get("decoder_loss_weights"), jnp.shape(logits)[-1],
+        loss_normalizing_factor,
+        decoder_segment_ids=batch.get("decoder_segment_ids"), decoder_positions=batch.get("decoder_positions"),
+    )
+    return jnp.asarray(weights, jnp.float32), factor
+
+
+def number_quality_totals(logits, targets, mask, number_tokens: NumberTokens) -> dict:
+    """How well the number head regresses, as `{name: (total, count)}`.
+
+    - `number_abs_error`: |expected digit value - target digit value|, the expectation
+      taken under the softmax restricted to the number tokens;
+    - `number_token_mass`: the full-vocabulary probability on number tokens.
+
+    Both are summed over the positions whose target is a number token and whose `mask`
+    is > 0 (`targets != 0` when `mask` is None), and `count` is the number of those
+    positions: plain means, whatever the loss-normalising factor. No gradient flows.
+
+    Args:
+      logits: `[batch, length, vocab]`.
+      targets: `[batch, length]` integer.
+      mask: `[batch, length]` or None.
+      number_tokens: the `NumberTokens` of the logits' vocabulary (padded to it).
+    """
+    value, mass = losses.predict_numbers(jax.lax.stop_gradient(logits), number_tokens)
+    return _number_totals(value, mass, targets, mask, number_tokens)
+
+
+def _number_totals(value, mass, targets, mask, number_tokens: NumberTokens) -> dict:
+    """`number_quality_totals` from the predicted value and number mass `[batch, length]`."""
+    counted, target_value = losses.target_values(targets, number_tokens)
+    counted &= (mask > 0) if mask is not None else (targets != 0)
+    count = jnp.sum(counted)
+    abs_error = jnp.where(counted, jnp.abs(value - target_value), 0.0)
+    return {
+        "number_abs_error": (jnp.sum(abs_error), count),
+        "number_token_mass": (jnp.sum(jnp.where(counted, mass, 0.0)), count),
+    }
+
+
+def _predictions(head, number_tokens: NumberTokens):
+    """`(value, number_mass)` `[batch, length]` from the head's statistics, without
+    gradient: a softmax over the `N` number logits the loss already gathered, and the
+    mass from those and the loss's log-normaliser; no further pass over the vocabulary."""
+    number_logits = jax.lax.stop_gradient(head.number_logits)
+    p = jax.nn.softmax(number_logits, axis=-1)
+    value = jnp.sum(p * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
+    if head.masses is not None:
+        mass = head.masses[0]
+    else:
+        log_normalizer = jax.lax.stop_gradient(head.log_normalizer)
+        mass = jnp.exp(jax.nn.logsumexp(number_logits, axis=-1) - log_normalizer)
+    return value, jax.lax.stop_gradient(mass)
+
+
+class ModelLoss(NamedTuple):
+    """What the NTL models' `loss_fn` computes, as plain arrays.
+
+    - `loss`: the scalar to differentiate, `CE (+ z-loss) + ntl_weight * NTL`;
+    - `z_loss`: the normalised z-loss sum (the stock metrics' `z_loss`);
+    - `mask`: `[batch, length]` float32, the effective weights, handed to the stock
+      `_compute_metrics` as its `mask` (0 at padding, at weight-0 positions and at
+      targets outside `[0, vocab)`; fractional for `AVERAGE_PER_SEQUENCE`, as T5X's);
+    - `segment_ids`: the stock `_compute_metrics`'s `segment_ids`;
+    - `per_step`: `{name: total}` for per-step averages (`cross_ent_loss`, `ntl_loss`);
+    - `averages`: `{name: (total, count)}` for means (`cross_ent_loss_per_all_target_tokens`,
+      `ntl_loss_per_number_token`, `number_abs_error`, `number_token_mass`);
+    - `loss_normalizing_factor`: the resolved factor (None, a number, or an array).
+    """
+
+    loss: jax.Array
+    z_loss: jax.Array
+    mask: jax.Array
+    segment_ids: dict
+    per_step: dict
+    averages: dict
+    loss_normalizing_factor: Any
+
+
+def model_loss(
+    logits,
+    batch: Mapping[str, Any],
+    number_tokens: NumberTokens,
+    *,
+    ntl_kind: str = "was",
+    ntl_weight: float = 0.3,
+    reweigh: bool = False,
+    squash_factor: Optional[float] = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    loss_normalizing_factor=None,
+) -> ModelLoss:
+    """The NTL T5X models' loss and metric inputs from their logits and batch.
+
+    The loss is `ntl_jax.cross_entropy_and_ntl` on the batch's `decoder_target_tokens`
+    and `decoder_loss_weights` (packed batches: `decoder_segment_ids`,
+    `decoder_positions`), computed the way that function does: the factor and weights
+    resolved once (`resolve_weights`), ignored positions sanitised, then one pass over
+    the `[batch, length, vocab]` logits for the head's statistics (log-normaliser,
+    target logit, number-token logits), from which both the loss and the number
+    metrics are taken, so the metrics add no second softmax over the vocabulary. With
+    `ntl_weight=0` the loss is T5X's stock `compute_weighted_cross_entropy`.
+
+    Metrics (see `ModelLoss`): `cross_ent_loss` is the cross-entropy alone (the stock
+    metric, `loss - z_loss`, would include `ntl_weight * NTL`); `ntl_loss` is the
+    normalised NTL before `ntl_weight` (logged with `ntl_weight=0` too);
+    `ntl_loss_per_number_token` undoes the normalisation: the weighted mean over the
+    positions NTL counts; `number_abs_error` and `number_token_mass` as
+    `number_quality_totals`.
+
+    Args:
+      logits: `[batch, length, vocab]` floating.
+      batch: the T5X batch (`decoder_target_tokens` required).
+      number_tokens: the output vocabulary's `NumberTokens`; widened to `vocab` here
+        when the network rounds the vocabulary up.
+      ntl_kind, ntl_weight, reweigh, squash_factor: as `cross_entropy_and_ntl`.
+      label_smoothing, z_loss, loss_normalizing_factor: the stock model's options.
+
+    Returns:
+      A `ModelLoss`.
+    """
+    targets = batch["decoder_target_tokens"]
+    vocab = jnp.shape(logits)[-1]
+    number_tokens = number_tokens.padded_to(vocab)
+    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
+    losses.check_inputs(logits, targets, number_tokens, batch.get("decoder_loss_weights"))
+    weights, factor = resolve_weights(logits, batch, loss_normalizing_factor)
+    # As `cross_entropy_and_ntl`: ignored positions zeroed before any arithmetic, one
+    # float32 copy of the logits, one logsumexp; the number logits are kept for the
+    # metrics even when the loss has no NTL term.
+    clean_logits, clean_targets, _ = losses.ignore_positions(logits, targets, weights, vocab)
+    clean_logits = clean_logits.astype(jnp.float32)
+    head = objective._head_stats(
+        clean_logits, clean_targets, number_tokens, log_normalizer=jax.nn.logsumexp(clean_logits, axis=-1),
+        label_smoothing=label_smoothing, reweigh=reweigh, with_numbers=True,
+    )
+    loss, parts = objective.objective_from_head(
+        head, clean_targets, weights, factor, number_tokens, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
+        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
+    )
+    num_tokens = jnp.array(np.prod(jnp.shape(targets)))
+    cross_entropy = parts["cross_entropy"]
+    averages = {
+        "cross_ent_loss_per_all_target_tokens": (cross_entropy, num_tokens),
+        "ntl_loss_per_number_token": (parts["ntl"] * parts["loss_normalizing_factor"], parts["ntl_weight_sum"]),
+    }
+    # Number metrics: as the loss, but without a weights feature padding is not counted.
+    number_mask = weights
+    if batch.get("decoder_loss_weights") is None and not _is_special(loss_normalizing_factor):
+        number_mask = jnp.where(targets != 0, weights, 0.0)
+    averages.update(_number_totals(*_predictions(head, number_tokens), targets, number_mask, number_tokens))
+    return ModelLoss(
+        loss=loss,
+        z_loss=parts["z_loss"],
+        mask=weights,
+        segment_ids=segment_ids(batch),
+        per_step={"cross_ent_loss": cross_entropy, "ntl_loss": parts["ntl"]},
+        averages=averages,
+        loss_normalizing_factor=factor,
+    )
+
+
+class NTLLossMixin:
+    """The NTL models' options and `loss_fn`; mixed in before a T5X transformer model.
+
+    The base class provides `_compute_logits(params, batch, dropout_rng)`,
+    `_compute_metrics(logits=, targets=, mask=, loss=, z_loss=, segment_ids=)`,
+    `output_vocabulary`, `_label_smoothing`, `_z_loss` and `_loss_normalizing_factor`
+    (T5X's `BaseTransformerModel` does). The NTL metrics are built with
+    `per_step_metric(total=...)` and `average_metric(total=..., count=...)`, class
+    attributes the concrete model sets (T5X's `AveragePerStep`, clu's `Average`).
+
+    Keyword arguments (the rest pass through to the base class): `ntl_weight`,
+    `ntl_kind`, `reweigh`, `squash_factor`, `digit_level`; see
+    `ntl_jax.t5x.models.NTLEncoderDecoderModel`.
+    """
+
+    per_step_metric: Optional[Callable[..., Any]] = None
+    average_metric: Optional[Callable[..., Any]] = None
+
+    def __init__(
+        self,
+        *args,
+        ntl_weight: float = 0.3,
+        ntl_kind: str = "was",
+        reweigh: bool = False,
+        squash_factor: Optional[float] = None,
+        digit_level: bool = True,
+        **kwargs,
+    ):
+        # The stock model's own arguments (module, vocabularies, ...) pass through.
+        super().__init__(*args, **kwargs)
+        self._configure_ntl(
+            ntl_weight=ntl_weight,
+            ntl_kind=ntl_kind,
+            reweigh=reweigh,
+            squash_factor=squash_factor,
+            digit_level=digit_level,
+        )
+
+    def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level):
+        check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level)
+        self._ntl_weight = float(ntl_weight)
+        self._ntl_kind = ntl_kind
+        self._reweigh = bool(reweigh)
+        self._squash_factor = None if squash_factor is None else float(squash_factor)
+        # Built once on the host from the output vocabulary; a closure constant in jit.
+        self._number_tokens = NumberTokens.from_vocabulary(self.output_vocabulary, digit_level=digit_level)
+        self._padded_number_tokens = {}
+
+    @property
+    def number_tokens(self) -> NumberTokens:
+        """The number tokens of the output vocabulary."""
+        return self._number_tokens
+
+    @property
+    def ntl_options(self) -> dict:
+        return {
+            "ntl_weight": self._ntl_weight,
+            "ntl_kind": self._ntl_kind,
+            "reweigh": self._reweigh,
+            "squash_factor": self._squash_factor,
+        }
+
+    def _number_tokens_for(self, vocab_size: int) -> NumberTokens:
+        if vocab_size not in self._padded_number_tokens:
+            self._padded_number_tokens[vocab_size] = self._number_tokens.padded_to(vocab_size)
+        return self._padded_number_tokens[vocab_size]
+
+    def loss_fn(
+        self,
+        params: Any,
+        batch: Mapping[str, jnp.ndarray],
+        dropout_rng: Optional[jax.Array],
+    ) -> Tuple[jnp.ndarray, Mapping[str, Any]]:
+        """Cross-entropy + `ntl_weight` * NTL, and the stock metrics plus NTL ones."""
+        logits = self._compute_logits(params, batch, dropout_rng)
+        out = model_loss(
+            logits,
+            batch,
+            self._number_tokens_for(logits.shape[-1]),
+            label_smoothing=self._label_smoothing,
+            z_loss=self._z_loss,
+            loss_normalizing_factor=self._loss_normalizing_factor,
+            **self.ntl_options,
+        )
+        metrics = self._compute_metrics(
+            logits=logits,
+            targets=batch["decoder_target_tokens"],
+            mask=out.mask,
+            loss=out.loss,
+            z_loss=out.z_loss,
+            segment_ids=out.segment_ids,
+        )
+        metrics.update(self._ntl_metrics(out))
+        return out.loss, metrics
+
+    def _ntl_metrics(self, out: ModelLoss) -> dict:
+        """The NTL metrics, and the stock cross-entropy metrics without the NTL term."""
+        per_step, average = type(self).per_step_metric, type(self).average_metric
+        if per_step is None or average is None:
+            raise TypeError(
+                f"{type(self).__name__} must set per_step_metric and average_metric "
+                "(t5x.metrics.AveragePerStep and clu.metrics.Average in ntl_jax.t5x.models)"
+            )
+        metrics = {name: per_step(total=total) for name, total in out.per_step.items()}
+        metrics.update({name: average(total=total, count=count) for name, (total, count) in out.averages.items()})
+        return metrics
