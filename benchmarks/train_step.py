@@ -6,6 +6,7 @@ the median time per step and the median over rounds of each variant's ratio to C
 
     python benchmarks/train_step.py                 # tiny preset, the `compare` shapes
     python benchmarks/train_step.py --preset micro --rounds 3 --steps 5   # smoke run
+    python benchmarks/train_step.py --losses ntl-was --fused both   # fused vs unfused loss
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def main() -> None:
     p.add_argument("--input-length", type=int, default=32)
     p.add_argument("--target-length", type=int, default=24)
     p.add_argument("--losses", nargs="+", default=["ce", "ntl-was", "ntl-mse"])
+    p.add_argument("--fused", choices=("off", "on", "both"), default="off",
+                   help="the loss from hidden states (--fused-loss), without it, or each loss both ways")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
     args = p.parse_args()
@@ -58,34 +61,38 @@ def main() -> None:
     batch = synthetic_batch(np.random.default_rng(0), vocabulary, args.batch,
                             args.input_length, args.target_length)
     batch = jax.device_put(batch)
+    fused = {"off": [False], "on": [True], "both": [False, True]}[args.fused]
+    variants = [(loss, f) for loss in args.losses for f in fused]
     steps, states = {}, {}
-    for loss in args.losses:
-        steps[loss] = step_lib.make_train_step(model, optimizer, number_tokens, loss=loss)
-        states[loss] = step_lib.create_train_state(model, optimizer, batch, seed=0)
+    for loss, f in variants:
+        name = loss + (" fused" if f else "")
+        steps[name] = step_lib.make_train_step(model, optimizer, number_tokens, loss=loss, fused_loss=f)
+        states[name] = step_lib.create_train_state(model, optimizer, batch, seed=0)
         for _ in range(2):  # compile and warm up
-            states[loss], m = steps[loss](states[loss], batch)
+            states[name], m = steps[name](states[name], batch)
         jax.block_until_ready(m)
+    names = list(steps)
 
-    times = {loss: [] for loss in args.losses}
+    times = {name: [] for name in names}
     for _ in range(args.rounds):
-        for loss in args.losses:
-            state = states[loss]
+        for name in names:
+            state = states[name]
             t = time.perf_counter()
             for _ in range(args.steps):
-                state, m = steps[loss](state, batch)
+                state, m = steps[name](state, batch)
             jax.block_until_ready((state, m))
-            times[loss].append((time.perf_counter() - t) / args.steps)
-            states[loss] = state
+            times[name].append((time.perf_counter() - t) / args.steps)
+            states[name] = state
 
     print(f"# {args.preset} preset, batch {args.batch}, lengths {args.input_length}/"
           f"{args.target_length}, vocab {cfg.vocab_size}; {args.rounds} rounds x "
           f"{args.steps} steps; jax {jax.__version__} on {jax.devices()[0].platform} "
           f"({platform.processor() or platform.machine()})")
-    base = times[args.losses[0]]
-    for loss in args.losses:
-        ratio = statistics.median(t / b for t, b in zip(times[loss], base))
-        print(f"{loss:18s} median {1e3 * statistics.median(times[loss]):8.2f} ms/step   "
-              f"ratio to {args.losses[0]}: {ratio:.3f}x")
+    base = times[names[0]]
+    for name in names:
+        ratio = statistics.median(t / b for t, b in zip(times[name], base))
+        print(f"{name:24s} median {1e3 * statistics.median(times[name]):8.2f} ms/step   "
+              f"ratio to {names[0]}: {ratio:.3f}x")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                    nargs="+" if sweep else None, metavar="LAMBDA",
                    help="lambda in CE + lambda * NTL" + (", several to sweep it" if sweep else "")
                         + " (default: %(default)s)")
+    g.add_argument("--fused-loss", action=argparse.BooleanOptionalAction, default=True,
+                   help="compute the loss from the decoder's hidden states without forming the "
+                        "[batch, length, vocab] logits (ntl_jax.fused_cross_entropy_and_ntl; the "
+                        "same loss to float32 rounding; faster and smaller on every shape measured, "
+                        "see benchmarks/) (default: %(default)s)")
     g = parser.add_argument_group("logging and checkpoints")
     g.add_argument("--log-every", type=positive_int, default=50,
                    help="log training metrics every N steps (default: %(default)s)")
@@ -118,7 +123,8 @@ def make_config(args: argparse.Namespace, loss: str, seed: int, **overrides):
                       architecture=arch)
     fields = dict(loss=loss, preset=args.preset, architecture=arch, steps=args.steps,
                   seed=seed, optimizer=args.optimizer, learning_rate=args.learning_rate,
-                  warmup_steps=args.warmup_steps, ntl_weight=args.ntl_weight, data=data,
+                  warmup_steps=args.warmup_steps, ntl_weight=args.ntl_weight,
+                  fused_loss=args.fused_loss, data=data,
                   log_every=args.log_every, checkpoint_every=args.checkpoint_every,
                   eval_every=args.eval_every)
     if getattr(args, "init_from", ""):

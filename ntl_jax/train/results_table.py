@@ -130,6 +130,9 @@ def render(result: dict) -> str:
     if result.get("run_seconds"):
         timing += f", training time of all runs {fmt_seconds(result['run_seconds'])}"
     lines += [f"`{result.get('command', '')}` · {result.get('machine', 'n/a')} · {timing}", ""]
+    if "fused_loss" not in (result.get("settings") or {"fused_loss": None}):
+        lines += ["Trained before `--fused-loss` became the default (the loss from the logits): "
+                  "add `--no-fused-loss` to the command to repeat these runs bit for bit.", ""]
 
     rows = []
     for label, per_metric in summary.items():

@@ -13,6 +13,7 @@ import jax
 import optax
 
 import ntl_jax
+from ntl_jax import flax_head
 
 # `--loss` flag value -> `ntl_kind` of `ntl_jax.cross_entropy_and_ntl`.
 LOSS_KINDS = {
@@ -59,7 +60,8 @@ def create_train_state(model, optimizer: optax.GradientTransformation, batch: di
 def make_train_step(model, optimizer: optax.GradientTransformation,
                     number_tokens: ntl_jax.NumberTokens, *, loss: str = "ntl-was",
                     ntl_weight: float = 0.3, z_loss: float = 1e-4,
-                    loss_normalizing_factor: Any = "NUM_REAL_TARGET_TOKENS"):
+                    loss_normalizing_factor: Any = "NUM_REAL_TARGET_TOKENS",
+                    fused_loss: bool = False):
     """Returns `train_step(state, batch) -> (state, metrics)`, jitted.
 
     Args:
@@ -70,6 +72,9 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
       loss: a key of `LOSS_KINDS`; "ce" trains with cross-entropy only.
       ntl_weight: λ in CE + λ·NTL (0.3 in the paper).
       z_loss, loss_normalizing_factor: as in T5X's cross-entropy.
+      fused_loss: compute the loss from the decoder's hidden states and the logits
+        kernel with `ntl_jax.fused_cross_entropy_and_ntl`, never forming the
+        `[batch, length, vocab]` logits; the same loss to float32 rounding.
     """
     if loss not in LOSS_KINDS:
         raise ValueError(f"loss must be one of {sorted(LOSS_KINDS)}, got {loss!r}")
@@ -77,13 +82,16 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
 
     def loss_fn(params, batch, dropout_rng):
         args, kwargs = model_inputs(batch)
-        logits = model.apply({"params": params}, *args, **kwargs, enable_dropout=True,
-                             rngs={"dropout": dropout_rng})
+        kwargs.update(enable_dropout=True, rngs={"dropout": dropout_rng})
+        targets = batch["decoder_target_tokens"]
+        options = dict(weights=batch["decoder_loss_weights"], ntl_kind=ntl_kind, ntl_weight=ntl_weight,
+                       z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor)
+        if fused_loss:
+            hidden, kernel = flax_head.hidden_states_and_kernel(model, {"params": params}, *args, **kwargs)
+            return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, number_tokens, **options)
+        logits = model.apply({"params": params}, *args, **kwargs)
         # The one NTL line: T5X cross-entropy (+ z-loss) + ntl_weight * NTL, same weights.
-        return ntl_jax.cross_entropy_and_ntl(
-            logits, batch["decoder_target_tokens"], number_tokens,
-            weights=batch["decoder_loss_weights"], ntl_kind=ntl_kind, ntl_weight=ntl_weight,
-            z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor)
+        return ntl_jax.cross_entropy_and_ntl(logits, targets, number_tokens, **options)
 
     @jax.jit
     def train_step(state: TrainState, batch: dict):

@@ -39,6 +39,10 @@ class TrainConfig:
     ntl_weight: float = 0.3
     z_loss: float = 1e-4
     dropout_rate: float = 0.0
+    # The loss from hidden states and the logits kernel, without the logits
+    # (`ntl_jax.fused_cross_entropy_and_ntl`); equal to float32 rounding, so part of
+    # a checkpoint's identity (a resumed run repeats its arithmetic bit for bit).
+    fused_loss: bool = True
     data: data_lib.DataConfig = data_lib.DataConfig()
     architecture: str = "encoder-decoder"  # network.ARCHITECTURES; = data.architecture
     # Another run's directory: start from its final parameters (fresh optimizer state,
@@ -83,6 +87,8 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         for key in ("log_every", "checkpoint_every", "eval_every", "eval_batch_size"):
             d.pop(key)
+        if not self.fused_loss:  # as runs saved before the option existed, which resume unfused
+            d.pop("fused_loss")
         return d
 
 
@@ -175,7 +181,7 @@ _STEP_CACHE: dict = {}
 def _optimizer_and_step(config: TrainConfig, model, vocabulary, number_tokens):
     key = (type(model), model.config, config.optimizer, config.learning_rate, config.steps,
            config.warmup_steps, config.schedule, config.weight_decay, config.clip_norm,
-           config.loss, config.ntl_weight, config.z_loss, id(vocabulary))
+           config.loss, config.ntl_weight, config.z_loss, config.fused_loss, id(vocabulary))
     if key not in _STEP_CACHE:
         optimizer = optim.make_optimizer(
             config.optimizer, learning_rate=config.learning_rate, total_steps=config.steps,
@@ -183,7 +189,7 @@ def _optimizer_and_step(config: TrainConfig, model, vocabulary, number_tokens):
             weight_decay=config.weight_decay, clip_norm=config.clip_norm)
         train_step = step_lib.make_train_step(
             model, optimizer, number_tokens, loss=config.loss, ntl_weight=config.ntl_weight,
-            z_loss=config.z_loss)
+            z_loss=config.z_loss, fused_loss=config.fused_loss)
         _STEP_CACHE.clear()  # keep one: a long-lived process should not pile them up
         # The vocabulary is kept alive with the entry so its id cannot be reused.
         _STEP_CACHE[key] = (optimizer, train_step, vocabulary)

@@ -27,7 +27,7 @@ def tiny_result() -> dict:
         "title": "tiny",
         "machine": "2-core CPU",
         "seconds": 754.0,
-        "settings": {"seeds": 2},
+        "settings": {"seeds": 2, "fused_loss": True},
         "versions": {"jax": "0.4.30"},
         "runs": runs,
         "summary": {
@@ -200,3 +200,10 @@ def test_script_check_and_rewrite(tmp_path):
     missing = _script(*args)
     assert missing.returncode == 2
     assert "gone" in missing.stderr
+
+
+def test_runs_from_before_the_fused_loss_say_how_to_repeat_them():
+    result = tiny_result()
+    del result["settings"]["fused_loss"]
+    assert "add `--no-fused-loss` to the command" in results_table.render(result)
+    assert "--no-fused-loss" not in results_table.render(tiny_result())
