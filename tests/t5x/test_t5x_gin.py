@@ -1,9 +1,15 @@
-"""Every shipped gin file parses, finalizes and builds %MODEL (skipped without t5x)."""
+"""Every shipped gin file parses, finalizes and builds %MODEL (skipped without t5x).
+
+Every experiment file is built with each loss (its default, each loss overlay, the
+`--gin.` bindings), and so is every earlier one-file-per-loss experiment through the
+command the README maps it to. `tests/test_gin_files.py` checks the files as text.
+"""
 
 import importlib
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,15 +26,36 @@ import t5x  # noqa: E402
 from ntl_jax.t5x import configs  # noqa: E402
 from ntl_jax.t5x import models as ntl_models  # noqa: E402
 from ntl_jax.t5x import train as ntl_train  # noqa: E402
+from tests.test_gin_files import EARLIER_LOSSES, earlier_experiments  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = configs.configs_dir()
 T5X_SEARCH_PATH = str(pathlib.Path(t5x.__file__).resolve().parents[1])  # as t5x.train adds it
 ALL_FILES = [p.relative_to(CONFIGS).as_posix() for p in configs.gin_files()]
 EXPERIMENTS = [f for f in ALL_FILES if f.startswith("experiments/")]
+LOSS_FILES = [f for f in ALL_FILES if f.startswith("losses/")]
 MODEL_FILES = [f for f in ALL_FILES if re.fullmatch(r"models/(t5_1_1_\w+|decoder_only_\w+)_ntl\.gin", f)]
-OVERLAYS = sorted(set(ALL_FILES) - set(EXPERIMENTS) - set(MODEL_FILES))
+OVERLAYS = sorted(set(ALL_FILES) - set(EXPERIMENTS) - set(LOSS_FILES) - set(MODEL_FILES))
 SIZES = {"tiny", "small", "base", "large", "xl"}
+# Each way to pick a loss: (extra gin files, bindings) -> (ntl_weight, ntl_kind).
+LOSS_CHOICES = {
+    "default": ((), (), (0.3, "was")),
+    "losses/ce.gin": (("losses/ce.gin",), (), (0.0, "was")),
+    "losses/ntl_mse.gin": (("losses/ntl_mse.gin",), (), (0.3, "mse")),
+    "losses/ntl_was.gin": (("losses/ntl_was.gin",), (), (0.3, "was")),
+    "NTL_WEIGHT=0.0": ((), ("NTL_WEIGHT = 0.0",), (0.0, "was")),
+    "NTL_KIND='mse'": ((), ("NTL_KIND = 'mse'",), (0.3, "mse")),
+    "NTL_KIND='mae'": ((), ("NTL_KIND = 'mae'",), (0.3, "mae")),
+}
+# What the earlier experiment files set, by (protocol, task); fine-tuning also restored
+# gs://t5-data/pretrained_models/t5x/t5_1_1_<size>/checkpoint_1000000.
+EARLIER_SETTINGS = {
+    ("scratch", "arithmetic"): ("ntl_math_arithmetic_ablation", 100_000),
+    ("scratch", "math13"): ("ntl_math_paper13", 1_050_000),
+    ("scratch", "tiny_byte_arithmetic"): ("ntl_math_arithmetic__add_sub_multiple_byte", 100_000),
+    ("finetune", "arithmetic"): ("ntl_math_arithmetic_ablation", 1_100_000),
+    ("finetune", "math13"): ("ntl_math_paper13", 1_100_000),
+}
 
 
 def _has_tasks():
@@ -90,10 +117,10 @@ def test_the_shipped_set_is_complete():
     for mode, sizes in (("scratch", ("small", "base")), ("finetune", ("small", "base", "large", "xl"))):
         for size in sizes:
             for task in ("arithmetic", "math13"):
-                for loss in ("ce", "ntl_mse", "ntl_was"):
-                    assert f"experiments/{mode}/{size}_{task}_{loss}.gin" in EXPERIMENTS
-    for loss in ("ce", "ntl_mse", "ntl_was"):
-        assert f"experiments/scratch/tiny_byte_arithmetic_{loss}.gin" in EXPERIMENTS
+                assert f"experiments/{mode}/{size}_{task}.gin" in EXPERIMENTS
+    assert "experiments/scratch/tiny_byte_arithmetic.gin" in EXPERIMENTS
+    assert len(EXPERIMENTS) == 13
+    assert LOSS_FILES == ["losses/ce.gin", "losses/ntl_mse.gin", "losses/ntl_was.gin"]
 
 
 @pytest.mark.parametrize("name", MODEL_FILES)
@@ -106,7 +133,31 @@ def test_model_file_builds_ntl_model(gin_env, local_sentencepiece, name):
     assert model.number_tokens.num_numbers == 10
     if "byte" in name:
         assert isinstance(model.output_vocabulary, seqio.ByteVocabulary)
-        assert model.module.config.vocab_size == 384
+        assert model.module.config.vocab_size == 384  # 259 ids rounded up by padded_vocab_size
+
+
+def test_decoder_only_file_has_t5x_s_settings(gin_env, local_sentencepiece):
+    """models/decoder_only_base_ntl.gin has T5X's decoder_only/models/base.gin settings.
+
+    It restates them because gin cannot include that file by its relative path (see
+    the file's header); an absolute path, as here, works.
+    """
+    stock = pathlib.Path(T5X_SEARCH_PATH) / "t5x/examples/decoder_only/models/base.gin"
+    bindings = _offline_bindings(local_sentencepiece)
+
+    def build(path):
+        gin.clear_config(clear_constants=True)
+        gin.parse_config_files_and_bindings([path], bindings, finalize_config=True)
+        model = _macro("MODEL")
+        decoding = {k: gin.query_parameter(f"decoding.temperature_sample.{k}") for k in ("temperature", "topk")}
+        optimizer = {k: gin.query_parameter(f"adafactor.Adafactor.{k}") for k in ("decay_rate", "step_offset")}
+        return model, (model.module.config, model.output_vocabulary, model._z_loss, model._label_smoothing,
+                       model._loss_normalizing_factor, decoding, optimizer, type(model.optimizer_def))
+
+    ours, ours_settings = build(str(CONFIGS / "models/decoder_only_base_ntl.gin"))
+    theirs, theirs_settings = build(str(stock))
+    assert type(theirs) is t5x.models.DecoderOnlyModel and isinstance(ours, ntl_models.NTLDecoderOnlyModel)
+    assert ours_settings == theirs_settings
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
@@ -114,6 +165,8 @@ def test_overlay_file_parses_after_a_model(gin_env, local_sentencepiece, monkeyp
     if "ntl_jax.tasks" in (CONFIGS / name).read_text() and not _has_tasks():
         pytest.skip("ntl_jax.tasks is not available")
     base = "models/t5_1_1_tiny_ntl.gin" if name == "models/digit_vocab.gin" else "models/t5_1_1_tiny_byte_ntl.gin"
+    if name == "models/ntl_decoder_only.gin":
+        base = "models/decoder_only_base_ntl.gin"
     if name == "models/digit_vocab.gin":
         pytest.importorskip("ntl_jax.seqio_vocab")
     bindings = _offline_bindings(local_sentencepiece) + ["MIXTURE_OR_TASK_NAME = 'any'", "TRAIN_STEPS = 1"]
@@ -123,19 +176,21 @@ def test_overlay_file_parses_after_a_model(gin_env, local_sentencepiece, monkeyp
         monkeypatch.setitem(sys.modules, "__main__", importlib.import_module("t5x.eval"))
         bindings += ["CHECKPOINT_PATH = '/tmp/unused'", "EVAL_OUTPUT_DIR = '/tmp/unused'"]
     model = _parse_and_build([base, name], bindings)
-    assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
+    expected_class = ntl_models.NTLDecoderOnlyModel if "decoder_only" in name else ntl_models.NTLEncoderDecoderModel
+    assert isinstance(model, expected_class)
 
 
+@pytest.mark.parametrize("loss", LOSS_CHOICES)
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_experiment_file_builds_its_model(gin_env, local_sentencepiece, name):
+def test_experiment_file_builds_its_model(gin_env, local_sentencepiece, name, loss):
     if not _has_tasks():
         pytest.skip("ntl_jax.tasks is not available")
     mode, stem = name.split("/")[1], pathlib.Path(name).stem
-    model = _parse_and_build([name], _offline_bindings(local_sentencepiece, dropout=False))
+    files, bindings, expected = LOSS_CHOICES[loss]
+    model = _parse_and_build([name, *files], [*_offline_bindings(local_sentencepiece, dropout=False), *bindings])
     assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
-    loss = "ce" if stem.endswith("_ce") else stem.rsplit("_", 2)[-2] + "_" + stem.rsplit("_", 1)[-1]
-    expected = {"ce": (0.0, "was"), "ntl_mse": (0.3, "mse"), "ntl_was": (0.3, "was")}[loss]
     assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == expected
+    assert (model.ntl_options["reweigh"], model.ntl_options["squash_factor"]) == (False, None)
     # The task exists and uses the model's vocabulary (what t5x.train checks first).
     task = seqio.get_mixture_or_task(_macro("MIXTURE_OR_TASK_NAME"))
     assert task.output_features["targets"].vocabulary == model.output_vocabulary
@@ -147,6 +202,28 @@ def test_experiment_file_builds_its_model(gin_env, local_sentencepiece, name):
         assert _macro("TRAIN_STEPS") > 1_000_000  # absolute: includes pretraining
     else:
         assert gin.query_parameter("utils.RestoreCheckpointConfig.path") == []
+
+
+@pytest.mark.parametrize(
+    "old, files, bindings",
+    [(old, files, bindings) for old, commands in earlier_experiments().items() for files, bindings in commands],
+)
+def test_earlier_experiment_is_reachable(gin_env, local_sentencepiece, old, files, bindings):
+    """The README's command for a removed experiment file trains what that file did."""
+    if not _has_tasks():
+        pytest.skip("ntl_jax.tasks is not available")
+    model = _parse_and_build(files, [*_offline_bindings(local_sentencepiece, dropout=False), *bindings])
+    kind, weight = EARLIER_LOSSES[re.search(r"_(ce|ntl_mse|ntl_was)\.gin$", old).group(1)]
+    assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == (weight, kind)
+    protocol, stem = old.split("/")[1], pathlib.Path(old).stem.rsplit("_ntl", 1)[0].removesuffix("_ce")
+    size, task = ("tiny", stem) if stem.startswith("tiny_byte") else stem.split("_", 1)
+    task_name, steps = EARLIER_SETTINGS[(protocol, task)]
+    assert _macro("TRAIN_STEPS") == steps
+    if protocol == "finetune":
+        assert gin.query_parameter("task_variants.with_vocabulary.name") == task_name
+        assert _macro("INITIAL_CHECKPOINT_PATH") == f"gs://t5-data/pretrained_models/t5x/t5_1_1_{size}/checkpoint_1000000"
+    else:
+        assert _macro("MIXTURE_OR_TASK_NAME") == task_name
 
 
 def test_gin_search_path_is_the_checkout():
@@ -173,9 +250,16 @@ def test_launcher_rejects_a_dangling_flag():
 
 
 def test_wheel_ships_the_gin_files_and_finds_them(tmp_path):
-    """Build the wheel, unpack it, and resolve the configs from the unpacked package."""
+    """Build the wheel, unpack it, and resolve the configs from the unpacked package.
+
+    Built from a copy of the source tree without `build/`: pip builds in the tree, and
+    setuptools keeps what an earlier build left in `build/lib` (gin files removed since).
+    """
+    source = tmp_path / "source"
+    ignore = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
+    shutil.copytree(REPO, source, ignore=ignore)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
         check=True, capture_output=True,
     )
     (wheel,) = tmp_path.glob("ntl_jax-*.whl")

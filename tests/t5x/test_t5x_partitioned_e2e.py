@@ -26,7 +26,7 @@ import __main__ as train_script
 from t5x import partitioning
 from t5x.examples.t5 import network
 
-include 't5x_configs/experiments/scratch/tiny_byte_arithmetic_ntl_was.gin'
+include 't5x_configs/experiments/scratch/tiny_byte_arithmetic.gin'
 include 't5x_configs/runs/local.gin'
 
 TRAIN_STEPS = 1

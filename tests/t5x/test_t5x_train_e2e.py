@@ -19,7 +19,7 @@ pytest.importorskip("ntl_jax.tasks")
 tf = pytest.importorskip("tensorflow")
 
 TASK = "ntl_math_arithmetic__add_sub_multiple_byte"
-EXPERIMENT = "t5x_configs/experiments/scratch/tiny_byte_arithmetic_ntl_was.gin"
+EXPERIMENT = "t5x_configs/experiments/scratch/tiny_byte_arithmetic.gin"
 STEPS, PERIOD = 8, 4
 
 
