@@ -19,6 +19,8 @@ class BuildPyWithGinConfigs(build_py):
         super().run()
         source = _ROOT / "t5x_configs"
         target = pathlib.Path(self.build_lib) / "ntl_jax" / "t5x_configs"
+        # A reused build directory may hold gin files the checkout no longer has.
+        shutil.rmtree(target, ignore_errors=True)
         for path in sorted(source.rglob("*.gin")):
             destination = target / path.relative_to(source)
             destination.parent.mkdir(parents=True, exist_ok=True)

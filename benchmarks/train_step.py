@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from ntl_jax.train import network, optim, step as step_lib
-from ntl_jax.train.trainer import padded_number_tokens
+from ntl_jax.train.trainer import number_tokens_of
 
 
 def synthetic_batch(rng: np.random.Generator, vocabulary, batch: int, lin: int, ltgt: int):
@@ -56,7 +56,7 @@ def main() -> None:
     vocabulary = default_vocabulary()
     cfg = network.make_config(args.preset, int(vocabulary.vocab_size))
     model = network.Transformer(cfg)
-    number_tokens = padded_number_tokens(vocabulary, cfg.vocab_size)
+    number_tokens = number_tokens_of(vocabulary)
     optimizer = optim.make_optimizer("adamw", learning_rate=1e-3, total_steps=10_000)
     batch = synthetic_batch(np.random.default_rng(0), vocabulary, args.batch,
                             args.input_length, args.target_length)

@@ -4,7 +4,7 @@ Zausinger et al., "Regress, Don't Guess - A Regression-like Loss on Number Token
 Language Models", ICML 2025 (arXiv:2411.02083).
 """
 
-from ntl_jax.numbers import NumberTokens
+from ntl_jax.number_tokens import NumberTokens
 from ntl_jax.losses import ntl_was
 from ntl_jax.losses import ntl_dot
 from ntl_jax.losses import number_level_loss

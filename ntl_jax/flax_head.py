@@ -12,6 +12,7 @@ where `fused_cross_entropy_and_ntl` needs it).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import flax.linen as nn
@@ -27,13 +28,12 @@ def _param(params: Any, path: tuple[str, ...], name: str):
     return node
 
 
-def hidden_states_and_kernel(module: nn.Module, variables: dict, *args, method=None, **kwargs):
-    """`(hidden, kernel)`: `module.apply(variables, *args, **kwargs)`'s output computed up
-    to, not through, its logits projection, and that projection's kernel `[d_model, vocab]`.
+@contextlib.contextmanager
+def projection_skipped():
+    """Within this context, a network's logits projection returns its input.
 
-    Raises:
-      ValueError: when the network calls neither a `logits_dense` module nor
-        `Embed.attend`, or more than one of them.
+    Yields a list that, once the network has run, holds where its projection's kernel
+    is: pass it with the parameters to `projection_kernel`.
     """
     heads = []
 
@@ -42,18 +42,47 @@ def hidden_states_and_kernel(module: nn.Module, variables: dict, *args, method=N
         is_attend = context.method_name == "attend"
         if not (is_dense or is_attend):
             return next_fun(*fun_args, **fun_kwargs)
-        heads.append((tuple(context.module.scope.path), "kernel" if is_dense else "embedding"))
+        # The dtype the projection computes in (T5X's Embed.attend has its own).
+        dtype = getattr(context.module, "attend_dtype", None) if is_attend else None
+        dtype = dtype or getattr(context.module, "dtype", None)
+        heads.append((tuple(context.module.scope.path), "kernel" if is_dense else "embedding", dtype))
         return fun_args[0]
 
     with nn.intercept_methods(skip_projection):
-        hidden = module.apply(variables, *args, method=method, **kwargs)
+        yield heads
+
+
+def projection_kernel(params: Any, heads: list):
+    """`(kernel, dtype)`: the `[d_model, vocab]` kernel of the projection
+    `projection_skipped` recorded, and the dtype that projection computes in (None:
+    its inputs' own), to cast hidden states and kernel to as it would.
+
+    Raises:
+      ValueError: when the network called neither a `logits_dense` module nor
+        `Embed.attend`, or more than one of them.
+    """
     if len(heads) != 1:
         raise ValueError(
             f"expected the network to compute its logits with one '{LOGITS_MODULE}' module or one "
             f"Embed.attend call, found {len(heads)}: {heads}"
         )
-    path, name = heads[0]
-    kernel = _param(variables["params"], path, name)
-    if name == "embedding":
-        kernel = jnp.transpose(kernel)
-    return hidden, kernel
+    path, name, dtype = heads[0]
+    kernel = _param(params, path, name)
+    return (jnp.transpose(kernel) if name == "embedding" else kernel), dtype
+
+
+def cast_like_projection(hidden, kernel, dtype):
+    """`(hidden, kernel)` in the projection's compute dtype (unchanged when None)."""
+    if dtype is None:
+        return hidden, kernel
+    return jnp.asarray(hidden, dtype), jnp.asarray(kernel, dtype)
+
+
+def hidden_states_and_kernel(module: nn.Module, variables: dict, *args, method=None, **kwargs):
+    """`(hidden, kernel)`: `module.apply(variables, *args, **kwargs)`'s output computed up
+    to, not through, its logits projection, and that projection's kernel `[d_model, vocab]`,
+    both in the dtype the projection computes in (see `projection_kernel` for the errors)."""
+    with projection_skipped() as heads:
+        hidden = module.apply(variables, *args, method=method, **kwargs)
+    kernel, dtype = projection_kernel(variables["params"], heads)
+    return cast_like_projection(hidden, kernel, dtype)

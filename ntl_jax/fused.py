@@ -22,7 +22,7 @@ import numpy as np
 
 from ntl_jax import losses
 from ntl_jax import objective
-from ntl_jax.numbers import NumberTokens
+from ntl_jax.number_tokens import NumberTokens
 
 # Default chunk: about this many float32 logits held at a time (32 MiB).
 _CHUNK_ELEMENTS = 1 << 23
@@ -52,21 +52,34 @@ def _chunks(vocab: int, chunk: int):
     return vocab // chunk, vocab % chunk
 
 
-def _rest_lse_chunk(h, kernel_chunk, is_number_chunk):
+def _chunk_forward(h, kernel_chunk, is_number_chunk, start, acc, with_top):
+    """Folds one chunk into `(rest_lse, top_logit, top_id)`: the logsumexp over the
+    non-number tokens and (with `with_top`) the largest logit and its first id."""
+    rest_lse, top_logit, top_id = acc
     logits = _dot(h, kernel_chunk, ((1,), (0,)))
-    return jax.nn.logsumexp(jnp.where(is_number_chunk[None, :], -jnp.inf, logits), axis=-1)
+    rest_lse = jnp.logaddexp(
+        rest_lse, jax.nn.logsumexp(jnp.where(is_number_chunk[None, :], -jnp.inf, logits), axis=-1)
+    )
+    if with_top:
+        chunk_top = jnp.max(logits, axis=-1)
+        better = chunk_top > top_logit  # ties keep the earlier id, as argmax does
+        top_id = jnp.where(better, start + jnp.argmax(logits, axis=-1).astype(jnp.int32), top_id)
+        top_logit = jnp.where(better, chunk_top, top_logit)
+    return rest_lse, top_logit, top_id
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _vocab_stats(h, kernel, targets, ids, chunk, with_sum):
-    return _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _vocab_stats(h, kernel, targets, ids, chunk, with_sum, with_top):
+    return _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top)[0]
 
 
-def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum):
-    """`(rest_lse, target_logit, logit_sum, number_logits)` of `h @ kernel`.
+def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top):
+    """`(rest_lse, target_logit, logit_sum, number_logits, top_id)` of `h @ kernel`.
 
     h `[N, D]`, kernel `[D, V]`, targets `[N]` in `[0, V)`, ids `[n]` the number
-    tokens. `rest_lse` is the logsumexp over the tokens that are not numbers.
+    tokens. `rest_lse` is the logsumexp over the tokens that are not numbers;
+    `top_id` the argmax over the vocabulary (zeros without `with_top`), not
+    differentiated.
     """
     num, vocab = h.shape[0], kernel.shape[1]
     is_number = jnp.zeros(vocab, bool).at[ids].set(True)
@@ -76,12 +89,15 @@ def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum):
         start = i * chunk
         kernel_chunk = _kernel_chunk(kernel, start, chunk)
         is_number_chunk = jax.lax.dynamic_slice_in_dim(is_number, start, chunk)
-        return jnp.logaddexp(acc, _rest_lse_chunk(h, kernel_chunk, is_number_chunk))
+        return _chunk_forward(h, kernel_chunk, is_number_chunk, start, acc, with_top)
 
-    rest_lse = jax.lax.fori_loop(0, full, body, jnp.full((num,), -jnp.inf, jnp.float32))
+    acc = (jnp.full((num,), -jnp.inf, jnp.float32), jnp.full((num,), -jnp.inf, jnp.float32),
+           jnp.zeros((num,), jnp.int32))
+    acc = jax.lax.fori_loop(0, full, body, acc)
     if rest:
         start = full * chunk
-        rest_lse = jnp.logaddexp(rest_lse, _rest_lse_chunk(h, kernel[:, start:], is_number[start:]))
+        acc = _chunk_forward(h, kernel[:, start:], is_number[start:], start, acc, with_top)
+    rest_lse, _, top_id = acc
     target_columns = jnp.take(kernel, targets, axis=1)  # [D, N]
     target_logit = jnp.einsum("nd,dn->n", h, target_columns, preferred_element_type=jnp.float32)
     if with_sum:
@@ -89,13 +105,13 @@ def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum):
     else:
         logit_sum = jnp.zeros((num,), jnp.float32)
     number_logits = _dot(h, jnp.take(kernel, ids, axis=1), ((1,), (0,)))
-    out = (rest_lse, target_logit, logit_sum, number_logits)
+    out = (rest_lse, target_logit, logit_sum, number_logits, top_id)
     return out, (h, kernel, targets, ids, rest_lse)
 
 
-def _vocab_stats_bwd(chunk, with_sum, residuals, cotangents):
+def _vocab_stats_bwd(chunk, with_sum, with_top, residuals, cotangents):
     h, kernel, targets, ids, rest_lse = residuals
-    g_rest, g_target, g_sum, g_numbers = cotangents
+    g_rest, g_target, g_sum, g_numbers, _ = cotangents
     vocab = kernel.shape[1]
     is_number = jnp.zeros(vocab, bool).at[ids].set(True)
     full, rest = _chunks(vocab, chunk)
@@ -158,9 +174,9 @@ def _check_hidden_and_kernel(hidden, kernel, targets, number_tokens) -> None:
             f"expected kernel of shape [d_model={jnp.shape(hidden)[-1]}, vocab] (hidden's last axis), "
             f"got {jnp.shape(kernel)}"
         )
-    if jnp.shape(kernel)[1] != number_tokens.vocab_size:
+    if jnp.shape(kernel)[1] < number_tokens.vocab_size:
         raise ValueError(
-            f"expected a kernel with {number_tokens.vocab_size} columns (the vocabulary size of "
+            f"expected a kernel with >= {number_tokens.vocab_size} columns (the vocabulary size of "
             f"number_tokens), got {jnp.shape(kernel)[1]}"
         )
     if jnp.ndim(targets) != 2 or jnp.shape(targets) != jnp.shape(hidden)[:2]:
@@ -205,8 +221,8 @@ def fused_cross_entropy_and_ntl(
         embedding table transposed, `embedding.T`, and fold T5's `1/sqrt(d_model)`
         logit scaling into `hidden` (`hidden / jnp.sqrt(d_model)`): the logits are
         linear in both.
-      targets, number_tokens: as in `cross_entropy_and_ntl`; the kernel has one column
-        per entry of `number_tokens`' vocabulary.
+      targets, number_tokens: as in `cross_entropy_and_ntl`; the kernel has a column
+        per id of `number_tokens`' vocabulary, or more (ids beyond it are no numbers).
       weights, ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
       loss_normalizing_factor, decoder_segment_ids, decoder_positions: exactly as in
         `cross_entropy_and_ntl`.
@@ -233,24 +249,42 @@ def fused_cross_entropy_and_ntl(
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer))
                                    or chunk_size < 1):
         raise ValueError(f"expected chunk_size None or a positive int, got {chunk_size!r}")
-    vocab = number_tokens.vocab_size
+    vocab = jnp.shape(kernel)[1]
     weights, factor = objective.resolve_weights_and_factor(
         targets, weights, vocab, loss_normalizing_factor,
         decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
     )
-    dtype = jnp.result_type(hidden, kernel)
-    hidden, kernel = jnp.asarray(hidden, dtype), jnp.asarray(kernel, dtype)
     # Ignored positions: zero hidden states give the zero logits the unfused path uses
     # there, and NaN or inf in them reach neither the loss nor the gradient.
     keep = (targets >= 0) & (targets < vocab) & (weights != 0)
-    hidden = jnp.where(keep[..., None], hidden, jnp.zeros((), dtype))
-    targets = jnp.where(keep, targets, -1)
+    head, _ = fused_head_stats(
+        hidden, kernel, jnp.where(keep, targets, -1), keep, number_tokens, label_smoothing=label_smoothing,
+        reweigh=reweigh, chunk_size=chunk_size,
+    )
+    return objective.objective_from_head(
+        head, jnp.where(keep, targets, -1), weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
+        ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
+    )
+
+
+def fused_head_stats(hidden, kernel, targets, keep, number_tokens: NumberTokens, *, label_smoothing, reweigh,
+                     chunk_size=None, with_top=False):
+    """`(HeadStats, top_ids)` of the logits `hidden @ kernel`, streamed over vocabulary
+    chunks (see the module docstring); `top_ids` `[batch, length]` is the argmax over
+    the vocabulary with `with_top`, else None.
+
+    Inputs are checked; `targets` are -1 where `keep` is False, and those positions'
+    hidden states are zeroed here (zero logits, as the unfused path uses).
+    """
+    dtype = jnp.result_type(hidden, kernel)
+    hidden = jnp.where(keep[..., None], jnp.asarray(hidden, dtype), jnp.zeros((), dtype))
+    kernel = jnp.asarray(kernel, dtype)
     batch, length, d_model = hidden.shape
+    vocab = kernel.shape[1]
     chunk = default_chunk_size(batch * length, vocab) if chunk_size is None else min(int(chunk_size), vocab)
-    ids = jnp.asarray(number_tokens.ids)
-    rest_lse, target_logit, logit_sum, number_logits = _vocab_stats(
-        hidden.reshape(batch * length, d_model), kernel, jnp.maximum(targets, 0).reshape(-1), ids, chunk,
-        label_smoothing > 0,
+    rest_lse, target_logit, logit_sum, number_logits, top_id = _vocab_stats(
+        hidden.reshape(batch * length, d_model), kernel, jnp.maximum(targets, 0).reshape(-1),
+        jnp.asarray(number_tokens.ids), chunk, label_smoothing > 0, with_top,
     )
     shape = (batch, length)
     number_logits = number_logits.reshape(shape + (-1,))
@@ -267,7 +301,4 @@ def fused_cross_entropy_and_ntl(
         number_logits=number_logits,
         masses=masses,
     )
-    return objective.objective_from_head(
-        head, targets, weights, factor, number_tokens, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
-        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
-    )
+    return head, (top_id.reshape(shape) if with_top else None)

@@ -9,7 +9,8 @@ host synchronisation, so they run under `jit`, `vmap`, `grad` and sharding.
 Conventions (optax style): arrays first, options keyword-only. `logits` is
 `[batch, length, vocab]` (f32, bf16 or f16; computed in f32), `targets` `[batch,
 length]` integer token ids, `weights` `[batch, length]` finite and non-negative.
-A position is ignored, like ntloss's `ignore_index`, when its weight is 0 or its target
+`vocab` may exceed the `NumberTokens` table's size (networks round their vocabulary up,
+e.g. to a multiple of 128): the ids beyond the table are not numbers. A position is ignored, like ntloss's `ignore_index`, when its weight is 0 or its target
 id is outside `[0, vocab)`: it contributes exactly 0 whatever its logits hold (NaN and
 infinities included, gradients too) and it breaks a run of digits in the number-level
 loss. A position counts when its target is a number token and it is not ignored (for
@@ -29,20 +30,19 @@ assumed finite and non-negative.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal, NamedTuple
 
 import math
-import numbers as _pynumbers
+import numbers
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntl_jax.numbers import NumberTokens, check_squash_factor
+from ntl_jax.number_tokens import NumberTokens, check_squash_factor
 
 Reduction = Literal["none", "sum", "mean"]
 DotLoss = Literal["mse", "mae", "huber"]
-KINDS = ("was", "mse", "mae", "huber", "number_level", "number_level_float")
 _REDUCTIONS = ("none", "sum", "mean")
 _EPS = float(jnp.finfo(jnp.float32).eps)
 # ntloss's NumberLevelLoss precomputes powers of ten up to this many digits.
@@ -93,7 +93,7 @@ def check_real(name: str, value, *, low: float, low_inclusive: bool = True, high
     Python and numpy scalars and concrete 0-d arrays are checked; traced values are not.
     """
     if isinstance(value, (bool, np.bool_)) or not (
-        isinstance(value, _pynumbers.Real) or (hasattr(value, "shape") and hasattr(value, "dtype"))
+        isinstance(value, numbers.Real) or (hasattr(value, "shape") and hasattr(value, "dtype"))
     ):
         raise TypeError(f"expected {name} to be a real number, got {type(value).__name__} {value!r}")
     if hasattr(value, "dtype"):
@@ -127,9 +127,9 @@ def check_inputs(logits, targets, number_tokens: NumberTokens, weights=None):
         raise ValueError(f"expected logits of rank 3 [batch, length, vocab], got shape {logits_shape}")
     if not jnp.issubdtype(jnp.result_type(logits), jnp.floating):
         raise TypeError(f"expected floating-point logits (f32, bf16 or f16), got {jnp.result_type(logits)}")
-    if logits_shape[-1] != number_tokens.vocab_size:
+    if logits_shape[-1] < number_tokens.vocab_size:
         raise ValueError(
-            f"expected logits with a last axis equal to the vocabulary size of number_tokens "
+            f"expected logits with a last axis >= the vocabulary size of number_tokens "
             f"({number_tokens.vocab_size}), got {logits_shape[-1]}"
         )
     if targets is None:
@@ -211,16 +211,16 @@ def number_mass(logits, number_tokens: NumberTokens, log_normalizer=None):
     # Any shift gives the same ratios; this one keeps every exponent <= ~0.
     shift = jax.lax.stop_gradient(log_normalizer)[..., None]
     probs = jnp.exp(logits - shift)
-    is_number = ~jnp.isnan(jnp.asarray(number_tokens.values, jnp.float32))
+    is_number = number_token_mask(number_tokens, logits.shape[-1])
     mass = jnp.sum(jnp.where(is_number, probs, 0.0), axis=-1)
     rest = jnp.sum(jnp.where(is_number, 0.0, probs), axis=-1)
     total = mass + rest
     return mass / total, rest / total
 
 
-def _reweigh(loss, masses, max_dist):
-    mass, rest = masses
-    return loss * mass + _REWEIGH_MARGIN * max_dist * rest
+def number_token_mask(number_tokens: NumberTokens, vocab_size: int):
+    """`[vocab_size]` bool, True at the number tokens' ids (ids beyond the table: False)."""
+    return jnp.zeros(vocab_size, bool).at[jnp.asarray(number_tokens.ids)].set(True)
 
 
 def reduce_loss(loss, counted, weights, reduction: str):
@@ -236,55 +236,9 @@ def reduce_loss(loss, counted, weights, reduction: str):
     return total / jnp.maximum(jnp.sum(w), _EPS)
 
 
-def _dot_loss_fn(loss: str):
-    if loss == "mse":
-        return jnp.square
-    if loss == "mae":
-        return jnp.abs
-    if loss == "huber":
-        # torch.nn.functional.huber_loss with delta 1.
-        return lambda d: jnp.where(jnp.abs(d) < 1.0, 0.5 * jnp.square(d), jnp.abs(d) - 0.5)
-    raise ValueError(f"expected loss in ('mse', 'mae', 'huber'), got {loss!r}")
-
-
-# -- per-position losses (unreduced, with their counted-position masks) ------------
-
-
 def number_logits(logits, number_tokens: NumberTokens):
     """The logits of the number tokens, `[batch, length, N]` float32."""
     return jnp.take(logits, jnp.asarray(number_tokens.ids), axis=-1).astype(jnp.float32)
-
-
-def _expected_value(number_logits, number_tokens: NumberTokens):
-    """`sum_j p_j v_j`, `p` the softmax over the number tokens only."""
-    p = jax.nn.softmax(number_logits, axis=-1)
-    return jnp.sum(p * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
-
-
-def _was_per_position(number_logits, targets, number_tokens, *, masses, squash_factor):
-    is_number, y = target_values(targets, number_tokens)
-    v = jnp.asarray(number_tokens.number_values, jnp.float32)
-    # The target's row of the distance table, without gathering rows of it.
-    dist = number_tokens.squash(jnp.abs(y[..., None] - v), squash_factor)
-    loss = jnp.sum(jax.nn.softmax(number_logits, axis=-1) * dist, axis=-1)
-    if masses is not None:
-        if squash_factor is not None:
-            max_dist = jnp.asarray(squash_factor, jnp.float32)
-        else:
-            max_dist = jnp.max(v) - jnp.min(v)
-        loss = _reweigh(loss, masses, max_dist)
-    return loss, is_number
-
-
-def _dot_per_position(number_logits, targets, number_tokens, *, loss, masses):
-    fn = _dot_loss_fn(loss)
-    is_number, y = target_values(targets, number_tokens)
-    per_position = fn(_expected_value(number_logits, number_tokens) - y)
-    if masses is not None:
-        # ntloss: the largest value the loss takes between the extreme token values.
-        v = jnp.asarray(number_tokens.number_values, jnp.float32)
-        per_position = _reweigh(per_position, masses, fn(jnp.max(v) - jnp.min(v)))
-    return per_position, is_number
 
 
 def _shift_right(x, fill):
@@ -345,53 +299,133 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None):
     return starts, numbers
 
 
-def _number_level_per_position(number_logits, targets, number_tokens, *, float_level, masses):
-    is_digit, y = target_values(targets, number_tokens)
-    yhat = _expected_value(number_logits, number_tokens)
-    dot_id = number_tokens.dot_id if float_level else None
-    starts, y_num = join_digit_runs(is_digit, y, targets, dot_id)
-    _, yhat_num = join_digit_runs(is_digit, yhat, targets, dot_id)
-    # Symmetric MAPE, bounded in [0, 1].
-    loss = jnp.abs(yhat_num - y_num) / (jnp.abs(yhat_num) + jnp.abs(y_num) + _EPS)
-    if masses is not None:
-        loss = _reweigh(loss, masses, jnp.float32(1.0))
-    return loss, starts
+# -- the variants: one small function each of the number prediction and the target ----
 
 
-def per_position_from_numbers(number_logits, targets, number_tokens, *, kind="was", masses=None,
-                              squash_factor=None):
-    """`(loss, counted)` for any NTL `kind`, both `[batch, length]`, from the number
-    tokens' logits alone (`[batch, length, N]` float32, as `number_logits` returns).
+class NumberPrediction(NamedTuple):
+    """What the model predicts over the number tokens, per position."""
 
-    `masses` is `(mass, rest)`, the full-vocabulary probability on the number tokens
-    and on the others, to reweigh with; None does not reweigh.
-    """
-    if kind == "was":
-        return _was_per_position(number_logits, targets, number_tokens, masses=masses, squash_factor=squash_factor)
+    probs: jax.Array  # [batch, length, N]: the softmax over the number tokens only
+    value: jax.Array  # [batch, length]: the expected value, sum_j probs_j v_j
+
+
+class NumberTarget(NamedTuple):
+    """The label, per position (ignored positions have id -1)."""
+
+    ids: jax.Array  # [batch, length] token ids
+    is_number: jax.Array  # [batch, length] bool: the id is a number token
+    value: jax.Array  # [batch, length]: its value, 0 where not a number
+
+
+def _was(prediction, target, number_tokens, squash_factor):
+    v = jnp.asarray(number_tokens.number_values, jnp.float32)
+    # The target's row of the distance table, without gathering rows of it.
+    dist = number_tokens.squash(jnp.abs(target.value[..., None] - v), squash_factor)
+    return jnp.sum(prediction.probs * dist, axis=-1), target.is_number
+
+
+def _value_range(number_tokens):
+    v = jnp.asarray(number_tokens.number_values, jnp.float32)
+    return jnp.max(v) - jnp.min(v)
+
+
+def _was_ceiling(number_tokens, squash_factor):
     if squash_factor is not None:
-        raise ValueError(f"squash_factor applies only to kind='was', got kind={kind!r}")
-    if kind in ("mse", "mae", "huber"):
-        return _dot_per_position(number_logits, targets, number_tokens, loss=kind, masses=masses)
-    if kind in ("number_level", "number_level_float"):
-        return _number_level_per_position(
-            number_logits, targets, number_tokens, float_level=kind == "number_level_float", masses=masses
-        )
-    raise ValueError(f"expected kind in {KINDS}, got {kind!r}")
+        return jnp.asarray(squash_factor, jnp.float32)
+    return _value_range(number_tokens)
 
 
-def per_position_loss(
-    logits, targets, number_tokens, *, kind="was", reweigh=False, squash_factor=None, log_normalizer=None
-):
-    """`(loss, counted)` for any NTL `kind`, both `[batch, length]`, inputs already checked.
+def _huber(d):
+    # torch.nn.functional.huber_loss with delta 1.
+    return jnp.where(jnp.abs(d) < 1.0, 0.5 * jnp.square(d), jnp.abs(d) - 0.5)
 
-    `log_normalizer` (the full-vocabulary logsumexp, `[batch, length]`) may be passed
-    in by a caller that has it already, so `reweigh` does not compute it twice.
+
+def _regression(fn):
+    """A loss on the expected value (ntloss's `NTLossDotProduct`)."""
+
+    def loss(prediction, target, number_tokens, squash_factor):
+        return fn(prediction.value - target.value), target.is_number
+
+    return loss
+
+
+def _number_level(float_level: bool):
+    """Symmetric MAPE on whole numbers, placed at their first digit (`NumberLevelLoss`)."""
+
+    def loss(prediction, target, number_tokens, squash_factor):
+        dot_id = number_tokens.dot_id if float_level else None
+        starts, y = join_digit_runs(target.is_number, target.value, target.ids, dot_id)
+        _, yhat = join_digit_runs(target.is_number, prediction.value, target.ids, dot_id)
+        # Bounded in [0, 1].
+        return jnp.abs(yhat - y) / (jnp.abs(yhat) + jnp.abs(y) + _EPS), starts
+
+    return loss
+
+
+class Variant(NamedTuple):
+    """An NTL variant: `loss(prediction, target, number_tokens, squash_factor)` gives
+    `(per-position loss, counted)`; `ceiling(number_tokens, squash_factor)` is the
+    largest value it takes, which `reweigh` charges (x1.01) for mass off the numbers."""
+
+    loss: Callable
+    ceiling: Callable
+
+
+# The one table of NTL variants, by the name every API takes (`kind`, `ntl_kind`,
+# and the trainer's `--loss ntl-<name>`).
+VARIANTS = {
+    "was": Variant(_was, _was_ceiling),
+    "mse": Variant(_regression(jnp.square), lambda nt, _: jnp.square(_value_range(nt))),
+    "mae": Variant(_regression(jnp.abs), lambda nt, _: _value_range(nt)),
+    "huber": Variant(_regression(_huber), lambda nt, _: _huber(_value_range(nt))),
+    "number_level": Variant(_number_level(False), lambda nt, _: jnp.float32(1.0)),
+    "number_level_float": Variant(_number_level(True), lambda nt, _: jnp.float32(1.0)),
+}
+KINDS = tuple(VARIANTS)
+
+
+def check_kind(kind, squash_factor=None, name: str = "kind") -> None:
+    """Raises ValueError unless `kind` names a variant (and `squash_factor` suits it)."""
+    if not isinstance(kind, str) or kind not in VARIANTS:
+        raise ValueError(f"expected {name} in {KINDS}, got {kind!r}")
+    if squash_factor is not None and kind != "was":
+        raise ValueError(f"squash_factor applies only to {name}='was', got {name}={kind!r}")
+
+
+def ntl_per_position(number_logits, targets, number_tokens, *, kind="was", masses=None, squash_factor=None):
+    """`(loss, counted)`, both `[batch, length]`: the NTL `kind` at every position, from
+    the number tokens' logits alone (`[batch, length, N]` float32, see `number_logits`).
+
+    `masses` is `(mass, rest)`, the full-vocabulary probability on the number tokens and
+    on the others, to reweigh with; None does not reweigh. Inputs are assumed checked
+    and ignored positions sanitised (target -1).
     """
-    masses = number_mass(logits, number_tokens, log_normalizer) if reweigh else None
-    return per_position_from_numbers(
+    check_kind(kind, squash_factor)
+    probs = jax.nn.softmax(number_logits, axis=-1)
+    value = jnp.sum(probs * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
+    target = NumberTarget(targets, *target_values(targets, number_tokens))
+    variant = VARIANTS[kind]
+    loss, counted = variant.loss(NumberPrediction(probs, value), target, number_tokens, squash_factor)
+    if masses is not None:
+        mass, rest = masses
+        loss = loss * mass + _REWEIGH_MARGIN * variant.ceiling(number_tokens, squash_factor) * rest
+    return loss, counted
+
+
+def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_factor, reduction):
+    """Every public loss: checks, sanitises ignored positions, computes, reduces."""
+    _check_reduction(reduction)
+    check_squash_factor(squash_factor)
+    check_bool("reweigh", reweigh)
+    check_kind(kind, squash_factor)
+    weights = check_inputs(logits, targets, number_tokens, weights)
+    logits, targets, _ = ignore_positions(logits, targets, weights, jnp.shape(logits)[-1])
+    masses = number_mass(logits, number_tokens) if reweigh else None
+    loss, counted = ntl_per_position(
         number_logits(logits, number_tokens), targets, number_tokens, kind=kind, masses=masses,
         squash_factor=squash_factor,
     )
+    return reduce_loss(loss, counted, weights, reduction)
 
 
 # -- public losses ---------------------------------------------------------------
@@ -433,15 +467,8 @@ def ntl_was(
     >>> float(ntl_was(logits, jnp.array([[1]]), nt, reduction="sum"))  # 0.5*0 + 0.5*2
     1.0
     """
-    _check_reduction(reduction)
-    check_squash_factor(squash_factor)
-    check_bool("reweigh", reweigh)
-    weights = check_inputs(logits, targets, number_tokens, weights)
-    logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
-    loss, counted = per_position_loss(
-        logits, targets, number_tokens, kind="was", reweigh=reweigh, squash_factor=squash_factor
-    )
-    return reduce_loss(loss, counted, weights, reduction)
+    return _ntl(logits, targets, number_tokens, kind="was", weights=weights, reweigh=reweigh,
+                squash_factor=squash_factor, reduction=reduction)
 
 
 def ntl_dot(
@@ -476,13 +503,10 @@ def ntl_dot(
     >>> float(ntl_dot(logits, jnp.array([[3]]), nt, reduction="sum"))  # (1 - 2)^2
     1.0
     """
-    _check_reduction(reduction)
-    _dot_loss_fn(loss)
-    check_bool("reweigh", reweigh)
-    weights = check_inputs(logits, targets, number_tokens, weights)
-    logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
-    per_position, counted = per_position_loss(logits, targets, number_tokens, kind=loss, reweigh=reweigh)
-    return reduce_loss(per_position, counted, weights, reduction)
+    if loss not in ("mse", "mae", "huber"):
+        raise ValueError(f"expected loss in ('mse', 'mae', 'huber'), got {loss!r}")
+    return _ntl(logits, targets, number_tokens, kind=loss, weights=weights, reweigh=reweigh,
+                squash_factor=None, reduction=reduction)
 
 
 def number_level_loss(
@@ -520,13 +544,10 @@ def number_level_loss(
     >>> round(float(number_level_loss(logits, jnp.array([[2, 3, 0]]), nt, reduction="sum")), 4)
     0.2727
     """
-    _check_reduction(reduction)
-    check_bool("reweigh", reweigh)
-    weights = check_inputs(logits, targets, number_tokens, weights)
-    logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
+    check_bool("float_level", float_level)
     kind = "number_level_float" if float_level else "number_level"
-    loss, counted = per_position_loss(logits, targets, number_tokens, kind=kind, reweigh=reweigh)
-    return reduce_loss(loss, counted, weights, reduction)
+    return _ntl(logits, targets, number_tokens, kind=kind, weights=weights, reweigh=reweigh,
+                squash_factor=None, reduction=reduction)
 
 
 def number_token_loss(
@@ -542,15 +563,8 @@ def number_token_loss(
 ):
     """Any NTL variant by name: `kind` in `"was"`, `"mse"`, `"mae"`, `"huber"`,
     `"number_level"`, `"number_level_float"`. Other arguments as in `ntl_was`."""
-    _check_reduction(reduction)
-    check_squash_factor(squash_factor)
-    check_bool("reweigh", reweigh)
-    weights = check_inputs(logits, targets, number_tokens, weights)
-    logits, targets, _ = ignore_positions(logits, targets, weights, number_tokens.vocab_size)
-    loss, counted = per_position_loss(
-        logits, targets, number_tokens, kind=kind, reweigh=reweigh, squash_factor=squash_factor
-    )
-    return reduce_loss(loss, counted, weights, reduction)
+    return _ntl(logits, targets, number_tokens, kind=kind, weights=weights, reweigh=reweigh,
+                squash_factor=squash_factor, reduction=reduction)
 
 
 def predict_numbers(logits, number_tokens: NumberTokens):
@@ -572,5 +586,6 @@ def predict_numbers(logits, number_tokens: NumberTokens):
     (1.0, 0.5)
     """
     check_inputs(logits, None, number_tokens)
-    value = _expected_value(number_logits(logits, number_tokens), number_tokens)
+    probs = jax.nn.softmax(number_logits(logits, number_tokens), axis=-1)
+    value = jnp.sum(probs * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
     return value, number_mass(logits, number_tokens)[0]

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntl_jax import losses
-from ntl_jax.numbers import NumberTokens, check_squash_factor
+from ntl_jax.number_tokens import NumberTokens, check_squash_factor
 
 
 class LossNormalizingFactor(enum.Enum):
@@ -200,8 +200,9 @@ def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_s
     return head.log_normalizer * mass - weighted_logits - normalizing_constant + z_term, z_term
 
 
-def _head_stats(logits, targets, number_tokens, *, log_normalizer, label_smoothing, reweigh, with_numbers=True):
-    """`HeadStats` of (sanitised, float32) logits."""
+def head_stats(logits, targets, number_tokens, *, log_normalizer, label_smoothing, reweigh, with_numbers=True):
+    """`HeadStats` of (sanitised, float32) logits; `with_numbers=False` leaves out the
+    number tokens' logits (cross-entropy only)."""
     return HeadStats(
         log_normalizer=log_normalizer,
         target_logit=_target_logit(logits, targets),
@@ -269,7 +270,7 @@ def weighted_cross_entropy(
         log_normalizer = jax.nn.logsumexp(logits, axis=-1)
     else:
         log_normalizer = jnp.where(keep, log_normalizer, 0.0)
-    head = _head_stats(logits, targets, None, log_normalizer=log_normalizer, label_smoothing=label_smoothing,
+    head = head_stats(logits, targets, None, log_normalizer=log_normalizer, label_smoothing=label_smoothing,
                        reweigh=False, with_numbers=False)
     return _weighted_cross_entropy_sums(
         head, targets, weights, vocab, label_smoothing=label_smoothing, z_loss=z_loss,
@@ -310,16 +311,19 @@ def cross_entropy_and_ntl(
 
     Both terms use the same effective weights and are divided by the same resolved
     loss-normalising factor, so `ntl_weight` means the same thing under every factor,
-    packed or not. With `ntl_weight=0` (or `ntl_kind="none"`) this is exactly T5X's
-    stock loss.
+    packed or not. With `ntl_weight=0` this is exactly T5X's stock loss, and NTL is
+    still computed and reported in `parts` (the cross-entropy baseline's diagnostic);
+    `ntl_kind="none"` skips computing it.
 
     Args:
-      logits: `[batch, length, vocab]` floating.
+      logits: `[batch, length, vocab]` floating; `vocab` may exceed the table of
+        `number_tokens` (a network's rounded-up vocabulary): those ids are no numbers.
       targets: `[batch, length]` integer.
       number_tokens: the output vocabulary's `NumberTokens`.
       weights: optional `[batch, length]` loss weights (`decoder_loss_weights`).
-      ntl_kind: `"was"` (the paper's default), `"mse"`, `"mae"`, `"huber"`,
-        `"number_level"`, `"number_level_float"`, or `"none"` for cross-entropy only.
+      ntl_kind: a key of `ntl_jax.losses.VARIANTS`: `"was"` (the paper's default),
+        `"mse"`, `"mae"`, `"huber"`, `"number_level"`, `"number_level_float"`; or
+        `"none"` for cross-entropy without computing NTL.
       ntl_weight: lambda, 0.3 in the paper.
       reweigh: see `ntl_was`; the paper does not reweigh (ntloss defaults to True).
       squash_factor: see `ntl_was`; only with `ntl_kind="was"`.
@@ -344,36 +348,37 @@ def cross_entropy_and_ntl(
     """
     check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
     weights = losses.check_inputs(logits, targets, number_tokens, weights)
+    vocab = jnp.shape(logits)[-1]
     weights, factor = resolve_weights_and_factor(
-        targets, weights, number_tokens.vocab_size, loss_normalizing_factor,
+        targets, weights, vocab, loss_normalizing_factor,
         decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
     )
     # Ignored positions: logits zeroed before any arithmetic, so NaN or inf there reach
     # neither the loss nor the gradient; their targets become -1 (no number, no digit).
-    logits, targets, _ = losses.ignore_positions(logits, targets, weights, number_tokens.vocab_size)
+    logits, targets, _ = losses.ignore_positions(logits, targets, weights, vocab)
     # One float32 copy of the logits, so every term's gradient accumulates into a single
     # buffer (with bf16 logits, separate casts cost a third more memory), and one
     # full-vocabulary logsumexp for cross-entropy, z-loss and reweigh.
     logits = logits.astype(jnp.float32)
-    head = _head_stats(
+    head = head_stats(
         logits, targets, number_tokens, log_normalizer=jax.nn.logsumexp(logits, axis=-1),
         label_smoothing=label_smoothing, reweigh=reweigh, with_numbers=ntl_kind != "none",
     )
     return objective_from_head(
-        head, targets, weights, factor, number_tokens, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
+        head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
         squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
     )
 
 
 def check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss) -> None:
     """The option checks of `cross_entropy_and_ntl`, at trace time."""
-    if ntl_kind != "none" and ntl_kind not in losses.KINDS:
-        raise ValueError(f"expected ntl_kind in {('none',) + losses.KINDS}, got {ntl_kind!r}")
+    check_squash_factor(squash_factor)
+    if ntl_kind != "none":
+        losses.check_kind(ntl_kind, squash_factor, name="ntl_kind")
+    elif squash_factor is not None:
+        raise ValueError("squash_factor applies only to ntl_kind='was', got ntl_kind='none'")
     losses.check_real("ntl_weight", ntl_weight, low=0.0)
     losses.check_bool("reweigh", reweigh)
-    check_squash_factor(squash_factor)
-    if squash_factor is not None and ntl_kind != "was":
-        raise ValueError(f"squash_factor applies only to kind='was', got kind={ntl_kind!r}")
     _check_smoothing_and_z(label_smoothing, z_loss)
 
 
@@ -398,17 +403,17 @@ def resolve_weights_and_factor(targets, weights, vocab: int, loss_normalizing_fa
 
 
 def objective_from_head(head: HeadStats, targets, weights, factor, number_tokens: NumberTokens, *,
-                        ntl_kind, ntl_weight, squash_factor, label_smoothing, z_loss):
-    """`(loss, parts)` of `cross_entropy_and_ntl` from the head's statistics, with
-    ignored positions already sanitised (target -1, weight 0)."""
+                        vocab: int, ntl_kind, ntl_weight, squash_factor, label_smoothing, z_loss):
+    """`(loss, parts)` of `cross_entropy_and_ntl` from the head's statistics over a
+    `vocab`-wide output, with ignored positions already sanitised (target -1, weight 0)."""
     ce, z, weight_sum = _weighted_cross_entropy_sums(
-        head, targets, weights, number_tokens.vocab_size, label_smoothing=label_smoothing, z_loss=z_loss,
+        head, targets, weights, vocab, label_smoothing=label_smoothing, z_loss=z_loss,
         loss_normalizing_factor=factor,
     )
     if ntl_kind == "none":
         ntl = ntl_weight_sum = jnp.float32(0.0)
     else:
-        per_position, counted = losses.per_position_from_numbers(
+        per_position, counted = losses.ntl_per_position(
             head.number_logits, targets, number_tokens, kind=ntl_kind, masses=head.masses,
             squash_factor=squash_factor,
         )

@@ -21,35 +21,25 @@ Zausinger et al., "Regress, Don't Guess", ICML 2025 (arXiv:2411.02083).
 from __future__ import annotations
 
 import enum
-import numbers as _pynumbers
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntl_jax import losses, objective
-from ntl_jax.numbers import NumberTokens, check_squash_factor
+from ntl_jax import flax_head, fused, losses, objective
+from ntl_jax.number_tokens import NumberTokens, check_squash_factor
 
-# What `ntl_kind` accepts; "none" trains with cross-entropy alone (`ntl_loss` is then 0;
-# the number metrics `number_abs_error` and `number_token_mass` are still logged).
-NTL_KINDS = ("was", "mse", "mae", "huber", "number_level", "number_level_float", "none")
+# What `ntl_kind` accepts: a variant of `losses.VARIANTS`, or "none" (cross-entropy
+# without computing NTL; the number metrics are still logged). The cross-entropy
+# baseline that keeps `ntl_loss` logged is `ntl_weight=0`.
+NTL_KINDS = losses.KINDS + ("none",)
 
 
 def check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level) -> None:
     """Raises `TypeError`/`ValueError` for options the NTL models do not accept."""
-    if isinstance(ntl_weight, bool) or not isinstance(ntl_weight, _pynumbers.Real):
-        raise TypeError(f"expected ntl_weight to be a number >= 0, got {ntl_weight!r}")
-    if not ntl_weight >= 0:
-        raise ValueError(f"expected ntl_weight >= 0, got {ntl_weight}")
-    if ntl_kind not in NTL_KINDS:
-        raise ValueError(f"expected ntl_kind in {NTL_KINDS}, got {ntl_kind!r}")
-    for name, value in (("reweigh", reweigh), ("digit_level", digit_level)):
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"expected {name} to be True or False, got {value!r}")
-    check_squash_factor(squash_factor)
-    if squash_factor is not None and ntl_kind != "was":
-        raise ValueError(f"squash_factor applies to ntl_kind='was' only, got ntl_kind={ntl_kind!r}")
+    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, 0.0, 0.0)
+    losses.check_bool("digit_level", digit_level)
 
 
 def segment_ids(batch: Mapping[str, Any]) -> dict:
@@ -105,7 +95,7 @@ def number_quality_totals(logits, targets, mask, number_tokens: NumberTokens) ->
       logits: `[batch, length, vocab]`.
       targets: `[batch, length]` integer.
       mask: `[batch, length]` or None.
-      number_tokens: the `NumberTokens` of the logits' vocabulary (padded to it).
+      number_tokens: the output vocabulary's `NumberTokens`.
     """
     value, mass = losses.predict_numbers(jax.lax.stop_gradient(logits), number_tokens)
     return _number_totals(value, mass, targets, mask, number_tokens)
@@ -150,7 +140,9 @@ class ModelLoss(NamedTuple):
     - `per_step`: `{name: total}` for per-step averages (`cross_ent_loss`, `ntl_loss`);
     - `averages`: `{name: (total, count)}` for means (`cross_ent_loss_per_all_target_tokens`,
       `ntl_loss_per_number_token`, `number_abs_error`, `number_token_mass`);
-    - `loss_normalizing_factor`: the resolved factor (None, a number, or an array).
+    - `loss_normalizing_factor`: the resolved factor (None, a number, or an array);
+    - `accuracy_inputs`: `(logits, targets)` for the stock accuracy metric when the
+      loss was computed without logits (`model_loss_from_hidden`), else None.
     """
 
     loss: jax.Array
@@ -160,6 +152,7 @@ class ModelLoss(NamedTuple):
     per_step: dict
     averages: dict
     loss_normalizing_factor: Any
+    accuracy_inputs: Optional[tuple] = None
 
 
 def model_loss(
@@ -196,8 +189,8 @@ def model_loss(
     Args:
       logits: `[batch, length, vocab]` floating.
       batch: the T5X batch (`decoder_target_tokens` required).
-      number_tokens: the output vocabulary's `NumberTokens`; widened to `vocab` here
-        when the network rounds the vocabulary up.
+      number_tokens: the output vocabulary's `NumberTokens` (the network may round the
+        vocabulary up: ids beyond the table are no numbers).
       ntl_kind, ntl_weight, reweigh, squash_factor: as `cross_entropy_and_ntl`.
       label_smoothing, z_loss, loss_normalizing_factor: the stock model's options.
 
@@ -206,7 +199,6 @@ def model_loss(
     """
     targets = batch["decoder_target_tokens"]
     vocab = jnp.shape(logits)[-1]
-    number_tokens = number_tokens.padded_to(vocab)
     objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
     losses.check_inputs(logits, targets, number_tokens, batch.get("decoder_loss_weights"))
     weights, factor = resolve_weights(logits, batch, loss_normalizing_factor)
@@ -215,12 +207,67 @@ def model_loss(
     # metrics even when the loss has no NTL term.
     clean_logits, clean_targets, _ = losses.ignore_positions(logits, targets, weights, vocab)
     clean_logits = clean_logits.astype(jnp.float32)
-    head = objective._head_stats(
+    head = objective.head_stats(
         clean_logits, clean_targets, number_tokens, log_normalizer=jax.nn.logsumexp(clean_logits, axis=-1),
         label_smoothing=label_smoothing, reweigh=reweigh, with_numbers=True,
     )
+    return _model_loss_from_head(
+        head, clean_targets, weights, factor, batch, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
+        ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor,
+    )
+
+
+def model_loss_from_hidden(
+    hidden,
+    kernel,
+    batch: Mapping[str, Any],
+    number_tokens: NumberTokens,
+    *,
+    ntl_kind: str = "was",
+    ntl_weight: float = 0.3,
+    reweigh: bool = False,
+    squash_factor: Optional[float] = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    loss_normalizing_factor=None,
+    chunk_size: Optional[int] = None,
+) -> ModelLoss:
+    """`model_loss(hidden @ kernel, ...)` without forming the logits
+    (`ntl_jax.fused_cross_entropy_and_ntl`'s streaming; the same values to float32
+    rounding). The stock accuracy metric gets, instead of the logits, two-column
+    stand-ins whose argmax is 0 exactly where the vocabulary's argmax (computed in
+    the same stream) is the target, with all-zero targets (`accuracy_inputs`)."""
+    targets = batch["decoder_target_tokens"]
+    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
+    fused._check_hidden_and_kernel(hidden, kernel, targets, number_tokens)
+    losses.check_weights(batch.get("decoder_loss_weights"), jnp.shape(targets))
+    vocab = jnp.shape(kernel)[1]
+    weights, factor = objective.resolve_weights_and_factor(
+        targets, batch.get("decoder_loss_weights"), vocab, loss_normalizing_factor,
+        decoder_segment_ids=batch.get("decoder_segment_ids"), decoder_positions=batch.get("decoder_positions"),
+    )
+    keep = (targets >= 0) & (targets < vocab) & (weights != 0)
+    clean_targets = jnp.where(keep, targets, -1)
+    head, top = fused.fused_head_stats(
+        hidden, kernel, clean_targets, keep, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
+        chunk_size=chunk_size, with_top=True,
+    )
+    correct = (top == targets).astype(jnp.float32)
+    accuracy_inputs = (jnp.stack([correct, 1.0 - correct], axis=-1), jnp.zeros_like(targets))
+    return _model_loss_from_head(
+        head, clean_targets, weights, factor, batch, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
+        ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor, accuracy_inputs=accuracy_inputs,
+    )
+
+
+def _model_loss_from_head(head, clean_targets, weights, factor, batch, number_tokens, *, vocab, ntl_kind, ntl_weight,
+                          squash_factor, label_smoothing, z_loss, loss_normalizing_factor, accuracy_inputs=None):
+    """The common tail of `model_loss` and `model_loss_from_hidden`."""
+    targets = batch["decoder_target_tokens"]
     loss, parts = objective.objective_from_head(
-        head, clean_targets, weights, factor, number_tokens, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
+        head, clean_targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
         squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
     )
     num_tokens = jnp.array(np.prod(jnp.shape(targets)))
@@ -242,6 +289,7 @@ def model_loss(
         per_step={"cross_ent_loss": cross_entropy, "ntl_loss": parts["ntl"]},
         averages=averages,
         loss_normalizing_factor=factor,
+        accuracy_inputs=accuracy_inputs,
     )
 
 
@@ -256,8 +304,8 @@ class NTLLossMixin:
     attributes the concrete model sets (T5X's `AveragePerStep`, clu's `Average`).
 
     Keyword arguments (the rest pass through to the base class): `ntl_weight`,
-    `ntl_kind`, `reweigh`, `squash_factor`, `digit_level`; see
-    `ntl_jax.t5x.models.NTLEncoderDecoderModel`.
+    `ntl_kind`, `reweigh`, `squash_factor`, `digit_level`, `fused_loss`,
+    `fused_chunk_size`; see `ntl_jax.t5x.models.NTLEncoderDecoderModel`.
     """
 
     per_step_metric: Optional[Callable[..., Any]] = None
@@ -271,6 +319,8 @@ class NTLLossMixin:
         reweigh: bool = False,
         squash_factor: Optional[float] = None,
         digit_level: bool = True,
+        fused_loss: bool = False,
+        fused_chunk_size: Optional[int] = None,
         **kwargs,
     ):
         # The stock model's own arguments (module, vocabularies, ...) pass through.
@@ -282,6 +332,12 @@ class NTLLossMixin:
             squash_factor=squash_factor,
             digit_level=digit_level,
         )
+        losses.check_bool("fused_loss", fused_loss)
+        if fused_chunk_size is not None and (isinstance(fused_chunk_size, bool) or not isinstance(
+                fused_chunk_size, (int, np.integer)) or fused_chunk_size < 1):
+            raise ValueError(f"expected fused_chunk_size None or a positive int, got {fused_chunk_size!r}")
+        self._fused_loss = bool(fused_loss)
+        self._fused_chunk_size = fused_chunk_size
 
     def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level):
         check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level)
@@ -291,7 +347,6 @@ class NTLLossMixin:
         self._squash_factor = None if squash_factor is None else float(squash_factor)
         # Built once on the host from the output vocabulary; a closure constant in jit.
         self._number_tokens = NumberTokens.from_vocabulary(self.output_vocabulary, digit_level=digit_level)
-        self._padded_number_tokens = {}
 
     @property
     def number_tokens(self) -> NumberTokens:
@@ -307,31 +362,38 @@ class NTLLossMixin:
             "squash_factor": self._squash_factor,
         }
 
-    def _number_tokens_for(self, vocab_size: int) -> NumberTokens:
-        if vocab_size not in self._padded_number_tokens:
-            self._padded_number_tokens[vocab_size] = self._number_tokens.padded_to(vocab_size)
-        return self._padded_number_tokens[vocab_size]
-
     def loss_fn(
         self,
         params: Any,
         batch: Mapping[str, jnp.ndarray],
         dropout_rng: Optional[jax.Array],
     ) -> Tuple[jnp.ndarray, Mapping[str, Any]]:
-        """Cross-entropy + `ntl_weight` * NTL, and the stock metrics plus NTL ones."""
-        logits = self._compute_logits(params, batch, dropout_rng)
-        out = model_loss(
-            logits,
-            batch,
-            self._number_tokens_for(logits.shape[-1]),
+        """Cross-entropy + `ntl_weight` * NTL, and the stock metrics plus NTL ones.
+
+        With `fused_loss`, the network runs without its logits projection and the loss
+        streams `hidden @ kernel` over vocabulary chunks (`model_loss_from_hidden`):
+        the `[batch, length, vocab]` logits are never formed."""
+        options = dict(
             label_smoothing=self._label_smoothing,
             z_loss=self._z_loss,
             loss_normalizing_factor=self._loss_normalizing_factor,
             **self.ntl_options,
         )
+        if self._fused_loss:
+            with flax_head.projection_skipped() as heads:
+                hidden = self._compute_logits(params, batch, dropout_rng)
+            hidden, kernel = flax_head.cast_like_projection(hidden, *flax_head.projection_kernel(params, heads))
+            out = model_loss_from_hidden(
+                hidden, kernel, batch, self._number_tokens, chunk_size=self._fused_chunk_size, **options
+            )
+            logits, targets = out.accuracy_inputs
+        else:
+            logits = self._compute_logits(params, batch, dropout_rng)
+            out = model_loss(logits, batch, self._number_tokens, **options)
+            targets = batch["decoder_target_tokens"]
         metrics = self._compute_metrics(
             logits=logits,
-            targets=batch["decoder_target_tokens"],
+            targets=targets,
             mask=out.mask,
             loss=out.loss,
             z_loss=out.z_loss,

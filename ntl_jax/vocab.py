@@ -116,7 +116,7 @@ def default_vocabulary() -> SentencePieceVocabulary:
 def digit_token_ids(vocabulary: Any) -> list[int]:
     """Ids of the ten single-digit tokens '0'..'9', in digit order (a quick check that
     `vocabulary` is digit-level; `NumberTokens.from_vocabulary` is the full table)."""
-    from ntl_jax.numbers import NumberTokens
+    from ntl_jax.number_tokens import NumberTokens
 
     nt = NumberTokens.from_vocabulary(vocabulary)
     order = np.argsort(np.asarray(nt.number_values))

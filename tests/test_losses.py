@@ -273,7 +273,7 @@ def test_vmap_equals_a_loop(kind):
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 4), int), {}, ValueError, r"targets of shape \(2, 3\).*got \(2, 4\)"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3)), {}, TypeError, "integer targets.*float32"),
         (jnp.zeros((2, 3, V), int), jnp.zeros((2, 3), int), {}, TypeError, "floating-point logits.*int32"),
-        (jnp.zeros((2, 3, V + 1)), jnp.zeros((2, 3), int), {}, ValueError, r"vocabulary size.*\(14\), got 15"),
+        (jnp.zeros((2, 3, V - 1)), jnp.zeros((2, 3), int), {}, ValueError, r"last axis >= the vocabulary size.*\(14\), got 13"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"weights": jnp.ones((3, 2))}, ValueError,
          r"weights of shape \(2, 3\).*got \(3, 2\)"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"reduction": "avg"}, ValueError, "reduction in.*'avg'"),

@@ -217,7 +217,7 @@ def test_loss_equals_cross_entropy_and_ntl(factor, packed):
     out = loss_of(logits, batch, **options)
     segments = {k: batch[k] for k in ("decoder_segment_ids", "decoder_positions") if k in batch}
     want, parts = ntl_jax.cross_entropy_and_ntl(
-        logits, batch["decoder_target_tokens"], NT.padded_to(WIDTH), weights=batch["decoder_loss_weights"],
+        logits, batch["decoder_target_tokens"], NT, weights=batch["decoder_loss_weights"],
         **options, **segments,
     )
     np.testing.assert_allclose(float(out.loss), float(want), rtol=1e-6)
@@ -319,7 +319,7 @@ def test_targets_outside_the_vocabulary_are_ignored_in_loss_and_factor():
 
 
 def test_logits_narrower_than_the_vocabulary_raise():
-    with pytest.raises(ValueError, match="at least"):
+    with pytest.raises(ValueError, match=rf"last axis >= the vocabulary size of number_tokens \({VOCAB}\)"):
         loss_of(make_logits(0, (3, 10, VOCAB - 1)), make_batch(False))
 
 
@@ -382,7 +382,7 @@ def test_number_metrics_from_the_head_equal_predict_numbers(reweigh):
         logits = make_logits(21) * scale
         out = loss_of(logits, batch, reweigh=reweigh, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
         want = t5x_loss.number_quality_totals(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
-                                              NT.padded_to(WIDTH))
+                                              NT)
         for name in ("number_abs_error", "number_token_mass"):
             np.testing.assert_allclose(np.asarray(out.averages[name]), np.asarray(want[name]), rtol=2e-5, atol=1e-30,
                                        err_msg=f"{name} x{scale}")
@@ -396,7 +396,7 @@ def test_metrics_add_no_pass_over_the_vocabulary():
 
     vocab = 1000
     batch, logits = make_batch(True, seed=22), make_logits(22, (3, 10, vocab))
-    nt = NT.padded_to(vocab)
+    nt = NT
     segments = {k: batch[k] for k in ("decoder_segment_ids", "decoder_positions")}
 
     def full_vocab_exps(fn):
@@ -544,7 +544,7 @@ def test_loss_fn_jits_and_its_gradient_is_the_objective_gradient():
 
     def objective(x):
         return ntl_jax.cross_entropy_and_ntl(
-            x, batch["decoder_target_tokens"], NT.padded_to(WIDTH), weights=batch["decoder_loss_weights"],
+            x, batch["decoder_target_tokens"], NT, weights=batch["decoder_loss_weights"],
             loss_normalizing_factor="AVERAGE_PER_SEQUENCE", **segments)[0]
 
     want_value, want_grad = jax.value_and_grad(objective)(logits)
@@ -557,8 +557,6 @@ def test_number_tokens_come_from_the_output_vocabulary():
     model = fake_model(digit_level=True)
     np.testing.assert_array_equal(model.number_tokens.ids, DIGIT_IDS)
     assert model.number_tokens.vocab_size == VOCAB
-    assert model._number_tokens_for(WIDTH).vocab_size == WIDTH
-    assert model._number_tokens_for(WIDTH) is model._number_tokens_for(WIDTH)  # built once per width
     assert model.ntl_options == {"ntl_weight": 0.3, "ntl_kind": "was", "reweigh": False, "squash_factor": None}
 
 

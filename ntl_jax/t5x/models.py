@@ -31,14 +31,9 @@ from clu import metrics as clu_metrics
 from t5x import metrics as metrics_lib
 from t5x import models
 
-from ntl_jax.numbers import NumberTokens
+from ntl_jax.number_tokens import NumberTokens
 from ntl_jax.t5x_loss import NTL_KINDS  # noqa: F401  (re-exported: what `ntl_kind` accepts)
 from ntl_jax.t5x_loss import NTLLossMixin, number_quality_totals
-
-
-def padded_number_tokens(number_tokens: NumberTokens, vocab_size: int) -> NumberTokens:
-    """`number_tokens` widened to the network's (rounded-up) vocabulary size."""
-    return number_tokens.padded_to(vocab_size)
 
 
 def padded_vocab_size(vocabulary: Any, multiple: int = 128) -> int:
@@ -92,6 +87,13 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
         the closest one (None: plain |difference|).
       digit_level: only the single characters 0-9 are number tokens (the paper);
         False counts every piece that parses as a number.
+      fused_loss: compute the loss from the decoder's hidden states and the logits
+        kernel (`logits_dense`, or the embedding with `logits_via_embedding`) without
+        forming the `[batch, length, vocab]` logits in training
+        (`ntl_jax.fused_cross_entropy_and_ntl`); the same loss, gradients and metrics
+        to float32 rounding. In gin: `NTLEncoderDecoderModel.fused_loss = True`.
+      fused_chunk_size: vocabulary columns per chunk with `fused_loss` (None: about
+        8M logits per chunk).
 
     The number tokens come from `output_vocabulary`. Metrics: the stock ones (their
     mask is the effective weights, 0 where the target id is outside the logits'

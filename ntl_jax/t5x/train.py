@@ -1,7 +1,7 @@
 """Launch T5X training with ntl_jax's gin files on the search path.
 
     python -m ntl_jax.t5x.train \\
-        --gin_file=t5x_configs/experiments/scratch/tiny_byte_arithmetic_ntl_was.gin \\
+        --gin_file=t5x_configs/experiments/scratch/tiny_byte_arithmetic.gin \\
         --gin.MODEL_DIR=\\"/tmp/ntl_run\\"
 
 Every flag is T5X's own (`python -m t5x.train --help`). This module only adds the

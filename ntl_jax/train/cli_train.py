@@ -7,6 +7,8 @@ import math
 import os
 import sys
 
+from ntl_jax.losses import KINDS
+
 # Defaults shared with `ntl-jax compare` (its defaults are this run at three losses).
 # arithmetic__add_or_sub rather than the paper's add_sub_multiple ablation module: at
 # this CPU budget the tiny model learns the former (about 40% exact answers) while on
@@ -14,7 +16,8 @@ import sys
 DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
                 batch_size=32, learning_rate=3e-3, warmup_steps=100,
                 train_examples=20_000, eval_examples=500)
-LOSSES = ("ce", "ntl-was", "ntl-mse", "ntl-mae", "ntl-huber", "ntl-number-level")
+# "ce" and "ntl-<variant>" for every variant in `ntl_jax.losses.VARIANTS`.
+LOSSES = ("ce",) + tuple("ntl-" + kind.replace("_", "-") for kind in KINDS)
 PRESETS = ("micro", "tiny", "small", "base")
 ARCHITECTURES = ("encoder-decoder", "decoder-only")
 

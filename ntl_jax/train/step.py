@@ -1,7 +1,8 @@
 """The training step: CE + λ·NTL in a jitted optax update.
 
 This is the example to copy into your own trainer. The whole NTL integration is the
-single call to `ntl_jax.cross_entropy_and_ntl`, which replaces the usual cross-entropy.
+single call to `ntl_jax.cross_entropy_and_ntl` (or, from hidden states,
+`ntl_jax.fused_cross_entropy_and_ntl`), which replaces the usual cross-entropy.
 """
 
 from __future__ import annotations
@@ -12,18 +13,15 @@ import flax
 import jax
 import optax
 
-import ntl_jax
-from ntl_jax import flax_head
+from ntl_jax import flax_head, losses
+from ntl_jax.fused import fused_cross_entropy_and_ntl
+from ntl_jax.number_tokens import NumberTokens
+from ntl_jax.objective import cross_entropy_and_ntl
 
-# `--loss` flag value -> `ntl_kind` of `ntl_jax.cross_entropy_and_ntl`.
-LOSS_KINDS = {
-    "ce": "none",
-    "ntl-was": "was",
-    "ntl-mse": "mse",
-    "ntl-mae": "mae",
-    "ntl-huber": "huber",
-    "ntl-number-level": "number_level",
-}
+# `--loss` values: "ce", the cross-entropy baseline (NTL-WAS at weight 0: logged, not
+# trained on), and "ntl-<variant>" for each variant of the one table, `losses.VARIANTS`.
+CE_DIAGNOSTIC_KIND = "was"
+LOSS_KINDS = {"ce": CE_DIAGNOSTIC_KIND} | {"ntl-" + kind.replace("_", "-"): kind for kind in losses.KINDS}
 
 
 def model_inputs(batch: dict) -> tuple[tuple, dict]:
@@ -58,7 +56,7 @@ def create_train_state(model, optimizer: optax.GradientTransformation, batch: di
 
 
 def make_train_step(model, optimizer: optax.GradientTransformation,
-                    number_tokens: ntl_jax.NumberTokens, *, loss: str = "ntl-was",
+                    number_tokens: NumberTokens, *, loss: str = "ntl-was",
                     ntl_weight: float = 0.3, z_loss: float = 1e-4,
                     loss_normalizing_factor: Any = "NUM_REAL_TARGET_TOKENS",
                     fused_loss: bool = False):
@@ -69,8 +67,9 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
         network interface); the batch's features say which (see `model_inputs`).
       optimizer: the optax transformation `state.opt_state` belongs to.
       number_tokens: the vocabulary's number tokens (a static closure constant).
-      loss: a key of `LOSS_KINDS`; "ce" trains with cross-entropy only.
-      ntl_weight: λ in CE + λ·NTL (0.3 in the paper).
+      loss: a key of `LOSS_KINDS`; "ce" trains with cross-entropy only (and logs
+        NTL-WAS as a diagnostic).
+      ntl_weight: λ in CE + λ·NTL (0.3 in the paper); ignored (0) for "ce".
       z_loss, loss_normalizing_factor: as in T5X's cross-entropy.
       fused_loss: compute the loss from the decoder's hidden states and the logits
         kernel with `ntl_jax.fused_cross_entropy_and_ntl`, never forming the
@@ -79,6 +78,8 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
     if loss not in LOSS_KINDS:
         raise ValueError(f"loss must be one of {sorted(LOSS_KINDS)}, got {loss!r}")
     ntl_kind = LOSS_KINDS[loss]
+    if loss == "ce":
+        ntl_weight = 0.0
 
     def loss_fn(params, batch, dropout_rng):
         args, kwargs = model_inputs(batch)
@@ -88,10 +89,10 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
                        z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor)
         if fused_loss:
             hidden, kernel = flax_head.hidden_states_and_kernel(model, {"params": params}, *args, **kwargs)
-            return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, number_tokens, **options)
+            return fused_cross_entropy_and_ntl(hidden, kernel, targets, number_tokens, **options)
         logits = model.apply({"params": params}, *args, **kwargs)
         # The one NTL line: T5X cross-entropy (+ z-loss) + ntl_weight * NTL, same weights.
-        return ntl_jax.cross_entropy_and_ntl(logits, targets, number_tokens, **options)
+        return cross_entropy_and_ntl(logits, targets, number_tokens, **options)
 
     @jax.jit
     def train_step(state: TrainState, batch: dict):

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ntl_jax.number_tokens import NumberTokens
 from ntl_jax.train import data as data_lib
 from ntl_jax.train import network, optim, step as step_lib
 from ntl_jax.train.checkpoint import (  # noqa: F401 (CheckpointError: re-export)
@@ -166,11 +167,9 @@ def check_output_dir(out_dir: str) -> str:
     return out_dir
 
 
-def padded_number_tokens(vocabulary, vocab_size: int):
-    """`NumberTokens` of `vocabulary`, extended with non-number rows to the model's size."""
-    import ntl_jax
-
-    return ntl_jax.NumberTokens.from_vocabulary(vocabulary).padded_to(vocab_size)
+def number_tokens_of(vocabulary) -> NumberTokens:
+    """`NumberTokens` of `vocabulary` (the network's rounded-up ids beyond it are no numbers)."""
+    return NumberTokens.from_vocabulary(vocabulary)
 
 
 # Built steps by configuration: a resumed or repeated run in the same process (tests,
@@ -403,7 +402,7 @@ def _train(config, out_dir, data, progress, tensorboard, stop_after):
     model_config = network.make_config(config.preset, int(vocabulary.vocab_size),
                                        dropout_rate=config.dropout_rate)
     model = network.make_model(config.architecture, model_config)
-    number_tokens = padded_number_tokens(vocabulary, model_config.vocab_size)
+    number_tokens = number_tokens_of(vocabulary)
     optimizer, train_step = _optimizer_and_step(config, model, vocabulary, number_tokens)
 
     state = step_lib.create_train_state(model, optimizer, data.batch(0), config.seed)

@@ -1,5 +1,7 @@
 """NTL model subclasses against the stock T5X models (skipped without t5x)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,7 +127,7 @@ def _assert_metrics_equal(stock, ours):
 def _t5x_reference_ntl(model, logits, batch, factor_option, kind="was"):
     """NTL through an independent path: T5X's own factor and weights, then the per-token loss."""
     factor, weights = t5x_losses.get_loss_normalizing_factor_and_weights(factor_option, batch)
-    nt = ntl_models.padded_number_tokens(model.number_tokens, logits.shape[-1])
+    nt = model.number_tokens
     targets = batch["decoder_target_tokens"]
     if kind == "was":
         total = ntl_jax.ntl_was(logits, targets, nt, weights=weights, reduction="sum")
@@ -257,9 +259,6 @@ def test_number_tokens_from_output_vocabulary():
     model = _encdec(ntl_models.NTLEncoderDecoderModel)
     assert model.number_tokens.vocab_size == 259
     np.testing.assert_array_equal(model.number_tokens.ids, DIGIT_IDS)
-    padded = ntl_models.padded_number_tokens(model.number_tokens, MODEL_VOCAB_SIZE)
-    assert padded.vocab_size == MODEL_VOCAB_SIZE
-    assert np.isnan(np.asarray(padded.values)[259:]).all()
     assert ntl_models.padded_vocab_size(VOCAB) == 384
 
 
@@ -281,8 +280,8 @@ def test_bad_options_raise(kwargs, error):
 
 def test_logits_smaller_than_vocabulary_raise():
     nt = ntl_jax.NumberTokens.from_vocabulary(VOCAB)
-    with pytest.raises(ValueError, match="at least"):
-        ntl_models.padded_number_tokens(nt, 200)
+    with pytest.raises(ValueError, match=r"last axis >= the vocabulary size of number_tokens \(259\), got 200"):
+        ntl_jax.cross_entropy_and_ntl(jnp.zeros((1, 2, 200)), jnp.ones((1, 2), jnp.int32), nt)
 
 
 def test_targets_outside_the_vocabulary_are_not_counted_in_the_stock_metrics(encdec_params):
@@ -302,3 +301,38 @@ def test_targets_outside_the_vocabulary_are_not_counted_in_the_stock_metrics(enc
     # The stock model counts them.
     _, stock = _encdec(t5x_models.EncoderDecoderModel).loss_fn(encdec_params, bad, None)
     assert int(stock["accuracy"].count) == int(metrics["accuracy"].count) + 3
+
+
+@pytest.mark.parametrize("architecture", ["encoder-decoder", "decoder-only-tied"])
+def test_fused_loss_equals_the_unfused_model(architecture, encdec_params, decoder_params):
+    """`fused_loss=True` (the network without its logits projection, the loss streamed
+    over vocabulary chunks): the same loss, gradients and metrics as the logits path."""
+    batch = _batch(packed=True, seed=11)
+    options = dict(ntl_kind="was", reweigh=True, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", z_loss=1e-4,
+                   label_smoothing=0.1)
+    if architecture == "encoder-decoder":
+        params = encdec_params
+        unfused = _encdec(ntl_models.NTLEncoderDecoderModel, **options)
+        fused = _encdec(ntl_models.NTLEncoderDecoderModel, fused_loss=True, fused_chunk_size=100, **options)
+    else:  # logits_via_embedding: the kernel is the embedding, scaled by 1/sqrt(d)
+        params, batch = decoder_params, _decoder_batch(batch)
+        unfused = _decoder_only(ntl_models.NTLDecoderOnlyModel, **options)
+        fused = _decoder_only(ntl_models.NTLDecoderOnlyModel, fused_loss=True, fused_chunk_size=100, **options)
+    out = {}
+    for name, model in (("unfused", unfused), ("fused", fused)):
+        (loss, metrics), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(params, batch, None)
+        out[name] = loss, metrics, grads
+    np.testing.assert_allclose(out["fused"][0], out["unfused"][0], rtol=2e-5)
+    _assert_metrics_equal(out["unfused"][1], out["fused"][1])
+    for g_u, g_f in zip(jax.tree_util.tree_leaves(out["unfused"][2]), jax.tree_util.tree_leaves(out["fused"][2])):
+        scale = float(np.max(np.abs(g_u))) + 1e-30
+        assert float(np.max(np.abs(g_f - g_u))) <= 2e-5 * scale
+    # Training never exponentiates [batch, length, vocab] logits (T5X's one-hot embedding
+    # lookup has that shape too, so look for the softmax, not the shape); the logits
+    # path does.
+    def full_vocab_exps(model):
+        hlo = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0])).lower(params).compile().as_text()
+        return re.findall(rf"f32\[(?:3,10|30),{MODEL_VOCAB_SIZE}\]\S* exponential\(", hlo)
+
+    assert not full_vocab_exps(fused)
+    assert full_vocab_exps(unfused)

@@ -64,7 +64,8 @@ def run_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def finetune_dir(run_dir, tmp_path_factory):
     """Fine-tunes that checkpoint as runs/ntl_finetune.gin does the public ones: a task
-    copy on the model's vocabulary, packed batches, AVERAGE_PER_SEQUENCE."""
+    copy on the model's vocabulary, packed batches, AVERAGE_PER_SEQUENCE; with the
+    fused loss (the network without its logits projection)."""
     model_dir = tmp_path_factory.mktemp("t5x_finetune")
     _launch(
         "ntl_jax.t5x.train", model_dir,
@@ -74,6 +75,7 @@ def finetune_dir(run_dir, tmp_path_factory):
         "--gin.MIXTURE_OR_TASK_NAME=@task_variants.with_vocabulary()",
         "--gin.task_variants.with_vocabulary.name='ntl_math_arithmetic_ablation_byte'",
         "--gin.LOSS_NORMALIZING_FACTOR='AVERAGE_PER_SEQUENCE'",
+        "--gin.NTL_FUSED_LOSS=True",
         f'--gin.INITIAL_CHECKPOINT_PATH="{run_dir / f"checkpoint_{STEPS}"}"',
         f'--gin.MODEL_DIR="{model_dir}"',
         f"--gin.TRAIN_STEPS={STEPS + PERIOD}",

@@ -114,7 +114,7 @@ def test_answers_weighted_are_the_answers(vocabulary):
 def _setup(vocabulary, n=32, lr=1e-2):
     data = _data(vocabulary, n=n, batch=8)
     model, cfg = _model(vocabulary.vocab_size)
-    nt = trainer.padded_number_tokens(vocabulary, cfg.vocab_size)
+    nt = trainer.number_tokens_of(vocabulary)
     opt = optim.make_optimizer("adamw", learning_rate=lr, total_steps=1000, warmup_steps=0,
                                weight_decay=0.0)
     state = step_lib.create_train_state(model, opt, data.batch(0), seed=0)

@@ -15,7 +15,7 @@ SGD = optax.sgd(1.0)
 
 
 def _step(vocabulary, model, loss, fused):
-    number_tokens = trainer.padded_number_tokens(vocabulary, model.config.vocab_size)
+    number_tokens = trainer.number_tokens_of(vocabulary)
     return step_lib.make_train_step(model, SGD, number_tokens, loss=loss, fused_loss=fused)
 
 
@@ -50,7 +50,7 @@ def test_the_head_is_found_and_skipped(vocabulary):
     params = model.init(jax.random.key(0), *args, **kwargs, enable_dropout=False)["params"]
     hidden, kernel = flax_head.hidden_states_and_kernel(model, {"params": params}, *args, **kwargs,
                                                         enable_dropout=False)
-    assert kernel is params["decoder"]["logits_dense"]["kernel"]
+    np.testing.assert_array_equal(kernel, params["decoder"]["logits_dense"]["kernel"])
     assert hidden.shape == batch["decoder_target_tokens"].shape + (cfg.emb_dim,)
     logits = model.apply({"params": params}, *args, **kwargs, enable_dropout=False)
     np.testing.assert_allclose(hidden @ kernel, logits, rtol=1e-5, atol=1e-5)

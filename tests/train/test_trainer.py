@@ -36,7 +36,7 @@ def _step_setup(vocabulary, loss="ntl-was", lr=1e-2):
     data = fake_data(vocabulary, n=8, batch=8)
     cfg = network.make_config("micro", vocabulary.vocab_size)
     model = network.Transformer(cfg)
-    nt = trainer.padded_number_tokens(vocabulary, cfg.vocab_size)
+    nt = trainer.number_tokens_of(vocabulary)
     opt = optim.make_optimizer("adamw", learning_rate=lr, total_steps=1000, warmup_steps=0,
                                weight_decay=0.0)
     batch = data.batch(0)

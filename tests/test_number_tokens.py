@@ -94,11 +94,22 @@ def test_is_a_pytree_usable_inside_jit():
     assert rebuilt.dot_id == nt.dot_id and rebuilt.ids.tolist() == [1, 2, 3, 4]
 
 
-def test_padded_to_adds_non_number_ids():
+def test_logits_wider_than_the_table_treat_the_extra_ids_as_non_numbers():
+    """A network's rounded-up vocabulary: ids beyond the table are no numbers, in every
+    loss (the same value as on the table's own width when those logits are -inf)."""
+    import jax.numpy as jnp
+
+    from ntl_jax import cross_entropy_and_ntl, ntl_was
+
     nt = NumberTokens.from_pieces(["a", "1", ".", "2"])
-    padded = nt.padded_to(6)
-    assert padded.vocab_size == 6 and padded.ids.tolist() == [1, 3] and padded.dot_id == 2
-    assert np.isnan(padded.values[4:]).all() and padded.values[3] == 2.0
-    assert nt.padded_to(4) is nt
-    with pytest.raises(ValueError, match=r"at least the vocabulary's 4 entries, got 3"):
-        nt.padded_to(3)
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(2, 3, 4)), jnp.float32)
+    wide = jnp.concatenate([logits, jnp.full((2, 3, 2), -jnp.inf)], axis=-1)
+    targets = jnp.array([[1, 3, 0], [3, 5, 1]])  # 5: an id of the wide output only
+    np.testing.assert_allclose(ntl_was(wide, targets, nt, reweigh=True),
+                               ntl_was(logits, jnp.where(targets < 4, targets, 0), nt, reweigh=True), rtol=1e-6)
+    loss, parts = cross_entropy_and_ntl(wide.at[..., 4:].set(0.0), targets, nt)
+    assert np.isfinite(float(loss)) and float(parts["weight_sum"]) == 6.0
+    with pytest.raises(ValueError, match=r"last axis >= the vocabulary size of number_tokens \(4\), got 3"):
+        ntl_was(logits[..., :3], targets, nt)
+

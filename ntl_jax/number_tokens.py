@@ -151,23 +151,6 @@ class NumberTokens:
     def num_numbers(self) -> int:
         return int(self.ids.shape[0])
 
-    def padded_to(self, vocab_size: int) -> "NumberTokens":
-        """This table widened to `vocab_size` ids; the added ids are not numbers.
-
-        Networks round the vocabulary up (T5: 32100 -> 32128; bytes: 259 -> 384), so
-        their logits have more entries than the vocabulary has pieces.
-        """
-        if vocab_size == self.vocab_size:
-            return self
-        if vocab_size < self.vocab_size:
-            raise ValueError(
-                f"expected logits with at least the vocabulary's {self.vocab_size} entries, "
-                f"got {vocab_size}; make the network's vocab_size at least that"
-            )
-        values = np.full((vocab_size,), np.nan, dtype=np.float32)
-        values[: self.vocab_size] = np.asarray(self.values)
-        return NumberTokens(values, self.ids, self.number_values, dot_id=self.dot_id)
-
     def distance_table(self, squash_factor: float | None = None) -> jax.Array:
         """`[N, N]` float32 table of |v_i - v_j| (ntloss's `dist_lookup`).
 
