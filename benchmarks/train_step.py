@@ -19,7 +19,8 @@ import time
 import jax
 import numpy as np
 
-from ntl_jax.train import network, optim, step as step_lib
+from ntl_jax.train import network, optim
+from ntl_jax.train import step as step_lib
 from ntl_jax.train.trainer import number_tokens_of
 
 

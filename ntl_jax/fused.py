@@ -19,9 +19,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
-from ntl_jax import losses
-from ntl_jax import objective
+from ntl_jax import losses, objective
 from ntl_jax.number_tokens import NumberTokens
 
 # Default chunk: about this many float32 logits held at a time (32 MiB).
@@ -188,12 +188,12 @@ def _check_hidden_and_kernel(hidden, kernel, targets, number_tokens) -> None:
 
 
 def fused_cross_entropy_and_ntl(
-    hidden,
-    kernel,
-    targets,
+    hidden: ArrayLike,
+    kernel: ArrayLike,
+    targets: ArrayLike,
     number_tokens: NumberTokens,
     *,
-    weights=None,
+    weights: ArrayLike | None = None,
     ntl_kind: str = "was",
     ntl_weight: float = 0.3,
     reweigh: bool = False,
@@ -204,7 +204,7 @@ def fused_cross_entropy_and_ntl(
     decoder_segment_ids=None,
     decoder_positions=None,
     chunk_size: int | None = None,
-):
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`cross_entropy_and_ntl(hidden @ kernel, ...)` without the logits in memory.
 
     The same loss and parts (to float32 rounding), and the same gradients with respect

@@ -10,7 +10,8 @@ Conventions (optax style): arrays first, options keyword-only. `logits` is
 `[batch, length, vocab]` (f32, bf16 or f16; computed in f32), `targets` `[batch,
 length]` integer token ids, `weights` `[batch, length]` finite and non-negative.
 `vocab` may exceed the `NumberTokens` table's size (networks round their vocabulary up,
-e.g. to a multiple of 128): the ids beyond the table are not numbers. A position is ignored, like ntloss's `ignore_index`, when its weight is 0 or its target
+e.g. to a multiple of 128): the ids beyond the table are not numbers. A position is
+ignored, like ntloss's `ignore_index`, when its weight is 0 or its target
 id is outside `[0, vocab)`: it contributes exactly 0 whatever its logits hold (NaN and
 infinities included, gradients too) and it breaks a run of digits in the number-level
 loss. A position counts when its target is a number token and it is not ignored (for
@@ -30,14 +31,14 @@ assumed finite and non-negative.
 
 from __future__ import annotations
 
-from typing import Callable, Literal, NamedTuple
-
 import math
 import numbers
+from typing import Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from ntl_jax.number_tokens import NumberTokens, check_squash_factor
 
@@ -432,15 +433,15 @@ def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_facto
 
 
 def ntl_was(
-    logits,
-    targets,
+    logits: ArrayLike,
+    targets: ArrayLike,
     number_tokens: NumberTokens,
     *,
-    weights=None,
+    weights: ArrayLike | None = None,
     reweigh: bool = False,
     squash_factor: float | None = None,
     reduction: Reduction = "none",
-):
+) -> jax.Array:
     """NTL-WAS: the Wasserstein-1 distance between the predicted number distribution
     and the one-hot label (the paper's default; ntloss's `NTLoss`).
 
@@ -472,15 +473,15 @@ def ntl_was(
 
 
 def ntl_dot(
-    logits,
-    targets,
+    logits: ArrayLike,
+    targets: ArrayLike,
     number_tokens: NumberTokens,
     *,
-    weights=None,
+    weights: ArrayLike | None = None,
     loss: DotLoss = "mse",
     reweigh: bool = False,
     reduction: Reduction = "none",
-):
+) -> jax.Array:
     """NTL-MSE / MAE / Huber: a regression loss on the expected number-token value
     (the paper's NTL-L_p; ntloss's `NTLossDotProduct`).
 
@@ -510,15 +511,15 @@ def ntl_dot(
 
 
 def number_level_loss(
-    logits,
-    targets,
+    logits: ArrayLike,
+    targets: ArrayLike,
     number_tokens: NumberTokens,
     *,
-    weights=None,
+    weights: ArrayLike | None = None,
     float_level: bool = False,
     reweigh: bool = False,
     reduction: Reduction = "none",
-):
+) -> jax.Array:
     """Number-level NTL: whole numbers scored with symmetric MAPE (ntloss's
     `NumberLevelLoss`), without leaving the device.
 
@@ -551,23 +552,23 @@ def number_level_loss(
 
 
 def number_token_loss(
-    logits,
-    targets,
+    logits: ArrayLike,
+    targets: ArrayLike,
     number_tokens: NumberTokens,
     *,
     kind: str = "was",
-    weights=None,
+    weights: ArrayLike | None = None,
     reweigh: bool = False,
     squash_factor: float | None = None,
     reduction: Reduction = "none",
-):
+) -> jax.Array:
     """Any NTL variant by name: `kind` in `"was"`, `"mse"`, `"mae"`, `"huber"`,
     `"number_level"`, `"number_level_float"`. Other arguments as in `ntl_was`."""
     return _ntl(logits, targets, number_tokens, kind=kind, weights=weights, reweigh=reweigh,
                 squash_factor=squash_factor, reduction=reduction)
 
 
-def predict_numbers(logits, number_tokens: NumberTokens):
+def predict_numbers(logits: ArrayLike, number_tokens: NumberTokens) -> tuple[jax.Array, jax.Array]:
     """The expected number-token value and the number-token mass at every position.
 
     Args:

@@ -211,7 +211,8 @@ def check_squash_factor(squash_factor: Any) -> None:
     """Raises unless `squash_factor` is None or a finite number greater than 1."""
     if squash_factor is None:
         return
-    if isinstance(squash_factor, (bool, np.bool_)) or not isinstance(squash_factor, (int, float, np.integer, np.floating)):
+    is_real = isinstance(squash_factor, (int, float, np.integer, np.floating))
+    if isinstance(squash_factor, (bool, np.bool_)) or not is_real:
         raise TypeError(f"expected squash_factor to be None or a number > 1, got {squash_factor!r}")
     if not math.isfinite(squash_factor):
         raise ValueError(f"expected squash_factor finite and > 1, got {squash_factor}")

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from ntl_jax import losses
 from ntl_jax.number_tokens import NumberTokens, check_squash_factor
@@ -39,7 +40,9 @@ def _special_factor(factor: Any) -> LossNormalizingFactor | None:
         return LossNormalizingFactor[name]
     except KeyError:
         choices = ", ".join(m.name for m in LossNormalizingFactor)
-        raise ValueError(f"expected loss_normalizing_factor None, a number or one of {choices}; got {factor!r}") from None
+        raise ValueError(
+            f"expected loss_normalizing_factor None, a number or one of {choices}; got {factor!r}"
+        ) from None
 
 
 def _sum_weights_per_segment(positions, segment_ids, weights):
@@ -213,9 +216,9 @@ def head_stats(logits, targets, number_tokens, *, log_normalizer, label_smoothin
 
 
 def weighted_cross_entropy(
-    logits, targets, *, weights=None, label_smoothing: float = 0.0, z_loss: float = 0.0,
-    loss_normalizing_factor=None, log_normalizer=None,
-):
+    logits: ArrayLike, targets: ArrayLike, *, weights: ArrayLike | None = None, label_smoothing: float = 0.0,
+    z_loss: float = 0.0, loss_normalizing_factor=None, log_normalizer: ArrayLike | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """T5X's `compute_weighted_cross_entropy`, computed in float32.
 
     Args:
@@ -292,11 +295,11 @@ def _weighted_cross_entropy_sums(head, targets, weights, vocab, *, label_smoothi
 
 
 def cross_entropy_and_ntl(
-    logits,
-    targets,
+    logits: ArrayLike,
+    targets: ArrayLike,
     number_tokens: NumberTokens,
     *,
-    weights=None,
+    weights: ArrayLike | None = None,
     ntl_kind: str = "was",
     ntl_weight: float = 0.3,
     reweigh: bool = False,
@@ -306,7 +309,7 @@ def cross_entropy_and_ntl(
     loss_normalizing_factor=None,
     decoder_segment_ids=None,
     decoder_positions=None,
-):
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The paper's training objective `CE + ntl_weight * NTL`, with T5X's weighting.
 
     Both terms use the same effective weights and are divided by the same resolved

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntl_jax import flax_head, fused, losses, objective
-from ntl_jax.number_tokens import NumberTokens, check_squash_factor
+from ntl_jax.number_tokens import NumberTokens
 
 # What `ntl_kind` accepts: a variant of `losses.VARIANTS`, or "none" (cross-entropy
 # without computing NTL; the number metrics are still logged). The cross-entropy

@@ -29,10 +29,8 @@ from typing import Mapping, Sequence
 import seqio
 import tensorflow as tf
 
-from ntl_jax import metrics
-from ntl_jax import seqio_vocab
-from ntl_jax.data import catalogue
-from ntl_jax.data import reader
+from ntl_jax import metrics, seqio_vocab
+from ntl_jax.data import catalogue, reader
 
 DATA_DIR_ENV = "NTL_JAX_MATH_DIR"
 PREFIX = "ntl_math"

@@ -25,8 +25,7 @@ DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "ntl_jax", "vocab
 
 
 def corpus(per_module: int, seed: int) -> list[str]:
-    from ntl_jax.data import catalogue
-    from ntl_jax.data import generate
+    from ntl_jax.data import catalogue, generate
 
     lines = []
     jobs = [(m, r) for m in catalogue.TRAIN_MODULES for r in catalogue.TRAIN_REGIMES + ("interpolate",)]

@@ -30,7 +30,10 @@ def _table_rows(text: str) -> dict[str, list[str]]:
 
 def _has_ntloss() -> bool:
     try:
-        import ntloss, tokenizers, torch, transformers  # noqa: F401, E401
+        import ntloss  # noqa: F401
+        import tokenizers  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
     except ImportError:
         return False
     return True

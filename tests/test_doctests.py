@@ -13,7 +13,10 @@ import ntl_jax.objective
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
-@pytest.mark.parametrize("module", [ntl_jax.number_tokens, ntl_jax.losses, ntl_jax.objective, ntl_jax.fused], ids=lambda m: m.__name__)
+MODULES = [ntl_jax.number_tokens, ntl_jax.losses, ntl_jax.objective, ntl_jax.fused]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0

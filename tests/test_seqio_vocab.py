@@ -10,8 +10,10 @@ seqio = pytest.importorskip("seqio")
 spm = pytest.importorskip("sentencepiece")
 tf = pytest.importorskip("tensorflow")
 
-from ntl_jax import NumberTokens  # noqa: E402
-from ntl_jax import seqio_vocab  # noqa: E402
+from ntl_jax import (
+    NumberTokens,  # noqa: E402
+    seqio_vocab,  # noqa: E402
+)
 from ntl_jax.vocab import digit_token_ids  # noqa: E402
 
 ANSWER = "-1747.09"

@@ -6,11 +6,15 @@ import pytest
 seqio = pytest.importorskip("seqio")
 pytest.importorskip("mathematics_dataset")
 
-from ntl_jax import NumberTokens  # noqa: E402
-from ntl_jax import tasks  # noqa: E402  (registers the tasks)
-from ntl_jax import seqio_vocab  # noqa: E402
-from ntl_jax.data import catalogue  # noqa: E402
-from ntl_jax.data import generate  # noqa: E402
+from ntl_jax import (
+    NumberTokens,  # noqa: E402
+    seqio_vocab,  # noqa: E402
+    tasks,  # noqa: E402  (registers the tasks)
+)
+from ntl_jax.data import (
+    catalogue,  # noqa: E402
+    generate,  # noqa: E402
+)
 
 LENGTHS = {"inputs": 96, "targets": 16}
 

@@ -12,8 +12,10 @@ import pytest
 
 pytest.importorskip("sentencepiece")
 
-from ntl_jax import NumberTokens  # noqa: E402
-from ntl_jax import vocab  # noqa: E402
+from ntl_jax import (
+    NumberTokens,  # noqa: E402
+    vocab,  # noqa: E402
+)
 
 ANSWER = "-1747.09"
 REPO = pathlib.Path(__file__).resolve().parents[1]

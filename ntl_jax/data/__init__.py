@@ -5,12 +5,26 @@ Importing this package needs only Python; the generator (`ntl_jax.data.generate`
 TensorFlow.
 """
 
-from ntl_jax.data.catalogue import ABLATION_EXTRAPOLATE
-from ntl_jax.data.catalogue import ABLATION_MODULE
-from ntl_jax.data.catalogue import EXTRAPOLATE_MODULES
-from ntl_jax.data.catalogue import EXTRAPOLATION_FOR
-from ntl_jax.data.catalogue import EXTRAPOLATION_OF
-from ntl_jax.data.catalogue import PAPER13_EXTRAPOLATE
-from ntl_jax.data.catalogue import PAPER13_MODULES
-from ntl_jax.data.catalogue import SPLITS
-from ntl_jax.data.catalogue import TRAIN_MODULES
+from ntl_jax.data.catalogue import (
+    ABLATION_EXTRAPOLATE,
+    ABLATION_MODULE,
+    EXTRAPOLATE_MODULES,
+    EXTRAPOLATION_FOR,
+    EXTRAPOLATION_OF,
+    PAPER13_EXTRAPOLATE,
+    PAPER13_MODULES,
+    SPLITS,
+    TRAIN_MODULES,
+)
+
+__all__ = [
+    "ABLATION_EXTRAPOLATE",
+    "ABLATION_MODULE",
+    "EXTRAPOLATE_MODULES",
+    "EXTRAPOLATION_FOR",
+    "EXTRAPOLATION_OF",
+    "PAPER13_EXTRAPOLATE",
+    "PAPER13_MODULES",
+    "SPLITS",
+    "TRAIN_MODULES",
+]

@@ -24,8 +24,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ntl_jax.data import catalogue
-from ntl_jax.data import compat
+from ntl_jax.data import catalogue, compat
 
 _LOCK = threading.RLock()
 

@@ -57,8 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ntl_jax.data import catalogue
-    from ntl_jax.data import generate
+    from ntl_jax.data import catalogue, generate
 
     def error(message: str) -> int:
         print(f"ntl-jax generate: error: {message}", file=sys.stderr)

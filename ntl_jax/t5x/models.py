@@ -32,8 +32,11 @@ from t5x import metrics as metrics_lib
 from t5x import models
 
 from ntl_jax.number_tokens import NumberTokens
-from ntl_jax.t5x_loss import NTL_KINDS  # noqa: F401  (re-exported: what `ntl_kind` accepts)
-from ntl_jax.t5x_loss import NTLLossMixin, number_quality_totals
+from ntl_jax.t5x_loss import (
+    NTL_KINDS,  # noqa: F401  (re-exported: what `ntl_kind` accepts)
+    NTLLossMixin,
+    number_quality_totals,
+)
 
 
 def padded_vocab_size(vocabulary: Any, multiple: int = 128) -> int:

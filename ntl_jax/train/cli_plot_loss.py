@@ -16,7 +16,6 @@ import numpy as np
 
 from ntl_jax.train.cli_train import checked
 
-
 digit_in_range = checked(int, lambda v: 0 <= v <= 9, "a digit 0-9")
 probability = checked(float, lambda v: 0.1 < v < 1, "a probability in (0.1, 1)")
 

@@ -17,9 +17,9 @@ import numpy as np
 
 from ntl_jax.number_tokens import NumberTokens
 from ntl_jax.train import data as data_lib
-from ntl_jax.train import network, optim, step as step_lib
-from ntl_jax.train.checkpoint import (  # noqa: F401 (CheckpointError: re-export)
-    CheckpointError, Checkpointer, DamagedCheckpoint)
+from ntl_jax.train import network, optim
+from ntl_jax.train import step as step_lib
+from ntl_jax.train.checkpoint import Checkpointer, CheckpointError, DamagedCheckpoint  # noqa: F401 (CheckpointError: re-export)
 from ntl_jax.train.logging_utils import MetricsLog, finite_or_none, write_json
 
 

@@ -9,9 +9,11 @@ import pytest
 
 pytest.importorskip("mathematics_dataset")
 
-from ntl_jax.data import catalogue  # noqa: E402
-from ntl_jax.data import generate  # noqa: E402
-from ntl_jax.data import reader  # noqa: E402
+from ntl_jax.data import (
+    catalogue,  # noqa: E402
+    generate,  # noqa: E402
+    reader,  # noqa: E402
+)
 
 
 def test_catalogue_matches_the_generator():

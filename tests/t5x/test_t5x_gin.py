@@ -235,7 +235,8 @@ def test_gin_search_path_is_the_checkout():
     "argv, expected",
     [
         (["prog", "--gin_file=a.gin"], ["prog", "--gin_search_paths=.,/cfg", "--gin_file=a.gin"]),
-        (["prog", "--gin_search_paths=/x,/y", "--gin_file=a.gin"], ["prog", "--gin_search_paths=/x,/y,/cfg", "--gin_file=a.gin"]),
+        (["prog", "--gin_search_paths=/x,/y", "--gin_file=a.gin"],
+         ["prog", "--gin_search_paths=/x,/y,/cfg", "--gin_file=a.gin"]),
         (["prog", "--gin_search_paths", "/x", "--gin_search_paths=/z"], ["prog", "--gin_search_paths=/z,/cfg"]),
         (["prog", "--gin_search_paths=/cfg"], ["prog", "--gin_search_paths=/cfg"]),
     ],
@@ -259,7 +260,8 @@ def test_wheel_ships_the_gin_files_and_finds_them(tmp_path):
     ignore = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
     shutil.copytree(REPO, source, ignore=ignore)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
+         str(source)],
         check=True, capture_output=True,
     )
     (wheel,) = tmp_path.glob("ntl_jax-*.whl")
@@ -270,6 +272,7 @@ def test_wheel_ships_the_gin_files_and_finds_them(tmp_path):
     assert shipped == {f"t5x_configs/{f}" for f in ALL_FILES}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))
     code = "from ntl_jax.t5x import configs; print(configs.gin_search_path())"
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, capture_output=True,
+                         text=True)
     assert out.stdout.strip() == str(tmp_path / "site" / "ntl_jax")
     np.testing.assert_equal(len(shipped), len(ALL_FILES))

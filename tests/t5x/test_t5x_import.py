@@ -26,6 +26,7 @@ def test_import_without_t5x_says_how_to_install(monkeypatch, module):
 
 
 def test_import_ntl_jax_does_not_import_t5x():
-    code = "import sys, ntl_jax; bad = [m for m in ('t5x', 'ntl_jax.t5x', 'tensorflow') if m in sys.modules]; print(bad)"
+    code = ("import sys, ntl_jax; "
+            "bad = [m for m in ('t5x', 'ntl_jax.t5x', 'tensorflow') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -165,7 +165,8 @@ def test_zero_weight_matches_stock_without_loss_weights(encdec_params):
 def test_zero_weight_matches_stock_decoder_only(decoder_params, factor, packed):
     batch = _decoder_batch(_batch(packed, seed=3))
     options = dict(z_loss=1e-4, loss_normalizing_factor=factor)
-    stock_loss, stock_metrics = _decoder_only(t5x_models.DecoderOnlyModel, **options).loss_fn(decoder_params, batch, None)
+    stock = _decoder_only(t5x_models.DecoderOnlyModel, **options)
+    stock_loss, stock_metrics = stock.loss_fn(decoder_params, batch, None)
     ours = _decoder_only(ntl_models.NTLDecoderOnlyModel, ntl_weight=0.0, **options)
     our_loss, our_metrics = ours.loss_fn(decoder_params, batch, None)
     np.testing.assert_allclose(float(our_loss), float(stock_loss), rtol=2e-6)
@@ -199,7 +200,8 @@ def test_ntl_term_decoder_only(decoder_params):
     stock_loss, _ = _decoder_only(t5x_models.DecoderOnlyModel, **options).loss_fn(decoder_params, batch, None)
     ours = _decoder_only(ntl_models.NTLDecoderOnlyModel, ntl_weight=0.5, **options)
     our_loss, metrics = ours.loss_fn(decoder_params, batch, None)
-    ntl, _ = _t5x_reference_ntl(ours, ours._compute_logits(decoder_params, batch), batch, options["loss_normalizing_factor"])
+    logits = ours._compute_logits(decoder_params, batch)
+    ntl, _ = _t5x_reference_ntl(ours, logits, batch, options["loss_normalizing_factor"])
     assert float(ntl) > 0
     np.testing.assert_allclose(float(our_loss), float(stock_loss) + 0.5 * float(ntl), rtol=1e-5)
 

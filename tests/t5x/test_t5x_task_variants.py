@@ -35,7 +35,8 @@ def test_repeated_calls_reuse_the_registration():
     v = seqio_vocab.DigitSplitVocabulary(seqio.ByteVocabulary())
     first = task_variants.with_vocabulary("ntl_math_arithmetic__mul", v, "_again")
     task = seqio.get_mixture_or_task(first)
-    assert task_variants.with_vocabulary("ntl_math_arithmetic__mul", seqio_vocab.DigitSplitVocabulary(seqio.ByteVocabulary()), "_again") == first
+    vocabulary = seqio_vocab.DigitSplitVocabulary(seqio.ByteVocabulary())
+    assert task_variants.with_vocabulary("ntl_math_arithmetic__mul", vocabulary, "_again") == first
     assert seqio.get_mixture_or_task(first) is task
 
 

@@ -126,7 +126,8 @@ def test_finetuning_restores_and_trains_on_the_task_copy(finetune_dir):
     (loss,) = scalars["loss"].values()
     # AVERAGE_PER_SEQUENCE: mean over sequences of per-sequence means, so a per-token scale.
     assert math.isfinite(loss) and 0 < loss < 10
-    (record,) = [json.loads(x) for x in (finetune_dir / "inference_eval" / f"{task}-metrics.jsonl").read_text().splitlines()]
+    lines = (finetune_dir / "inference_eval" / f"{task}-metrics.jsonl").read_text().splitlines()
+    (record,) = [json.loads(x) for x in lines]
     assert record["step"] == STEPS + PERIOD and "number_accuracy" in record
 
 

@@ -10,7 +10,8 @@ pytest.importorskip("orbax.checkpoint")
 import jax.numpy as jnp  # noqa: E402
 
 from ntl_jax.train import data as data_lib  # noqa: E402
-from ntl_jax.train import evaluate, network, optim, step as step_lib, trainer  # noqa: E402
+from ntl_jax.train import evaluate, network, optim, trainer  # noqa: E402
+from ntl_jax.train import step as step_lib
 
 
 def _model(vocab_size=48, **overrides):

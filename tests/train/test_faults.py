@@ -16,6 +16,7 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
 from conftest import fake_data, micro_config  # noqa: E402
+
 from ntl_jax.train import trainer  # noqa: E402
 from ntl_jax.train.checkpoint import CheckpointError  # noqa: E402
 

@@ -4,11 +4,12 @@ import jax
 import numpy as np
 import optax
 import pytest
-
 from conftest import addition_source, fake_data
-from ntl_jax import cli, flax_head
-from ntl_jax.train import cli_train, data as data_lib, network, step as step_lib, trainer
 
+from ntl_jax import cli, flax_head
+from ntl_jax.train import cli_train, network, trainer
+from ntl_jax.train import data as data_lib
+from ntl_jax.train import step as step_lib
 
 # SGD with learning rate 1: a step's parameter change is minus the gradient.
 SGD = optax.sgd(1.0)

@@ -11,8 +11,10 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
 from conftest import addition_source, fake_data, micro_config  # noqa: E402
+
 from ntl_jax.train import data as data_lib  # noqa: E402
-from ntl_jax.train import network, optim, step as step_lib, trainer  # noqa: E402
+from ntl_jax.train import network, optim, trainer  # noqa: E402
+from ntl_jax.train import step as step_lib
 from ntl_jax.train.checkpoint import CheckpointError  # noqa: E402
 
 
@@ -106,7 +108,8 @@ def test_incompatible_and_corrupt_checkpoints_raise_and_keep_files(vocabulary, t
     out = str(tmp_path / "run")
     trainer.train(micro_config(data, steps=4), out, data=data, progress=False, tensorboard=False)
     ckpt = os.path.join(out, "checkpoints", "4")
-    with pytest.raises(CheckpointError, match="different configuration.*loss: checkpoint has 'ntl-was', this run has 'ce'"):
+    message = "different configuration.*loss: checkpoint has 'ntl-was', this run has 'ce'"
+    with pytest.raises(CheckpointError, match=message):
         trainer.train(micro_config(data, steps=4, loss="ce"), out, data=data, progress=False,
                       tensorboard=False)
     files = sorted(os.path.join(r, f) for r, _, fs in os.walk(ckpt) for f in fs)
