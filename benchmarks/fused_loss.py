@@ -15,6 +15,7 @@ and reports the median over rounds of each one's time and its ratio to `unfused`
 
     python benchmarks/fused_loss.py --memory-only     # the issue's shapes, compile only
     python benchmarks/fused_loss.py --shapes 1x1024x32128 1x2048x32128 --d-model 256 --rounds 7
+    python benchmarks/fused_loss.py --memory-only --shapes 1x4096x128256 --chunk-sizes 512 1024 4096 8192
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def number_tokens(vocab: int) -> NumberTokens:
                                     + [f"w{i}" for i in range(vocab - 13)])
 
 
-def variants(targets, nt):
+def variants(targets, nt, chunk_sizes=()):
     def optax_ce(h, k):
         logits = jnp.einsum("bld,dv->blv", h, k)
         return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
@@ -52,7 +53,11 @@ def variants(targets, nt):
     def fused(h, k):
         return fused_cross_entropy_and_ntl(h, k, targets, nt, **OPTIONS)[0]
 
-    return {"optax CE": optax_ce, "unfused": unfused, "fused": fused}
+    out = {"optax CE": optax_ce, "unfused": unfused, "fused": fused}
+    for chunk in chunk_sizes:
+        out[f"fused c={chunk}"] = lambda h, k, chunk=chunk: fused_cross_entropy_and_ntl(
+            h, k, targets, nt, chunk_size=chunk, **OPTIONS)[0]
+    return out
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -67,6 +72,8 @@ def main() -> None:
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--memory-only", action="store_true", help="compile only: no timing")
+    p.add_argument("--chunk-sizes", type=int, nargs="*", default=[],
+                   help="also the fused function at these vocabulary chunk sizes (default: its own choice only)")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--out", default="", help="also write the results as JSON here")
     args = p.parse_args()
@@ -85,7 +92,7 @@ def main() -> None:
             specs = (jax.ShapeDtypeStruct((batch, length, args.d_model), dtype),
                      jax.ShapeDtypeStruct((args.d_model, vocab), dtype))
             compiled, temp = {}, {}
-            for name, f in variants(targets, nt).items():
+            for name, f in variants(targets, nt, args.chunk_sizes).items():
                 compiled[name] = jax.jit(jax.value_and_grad(f, argnums=(0, 1))).lower(*specs).compile()
                 temp[name] = compiled[name].memory_analysis().temp_size_in_bytes
             times = {name: [] for name in compiled}
@@ -110,7 +117,7 @@ def main() -> None:
                 timing = ""
                 if "median_seconds" in row:
                     timing = f"  {row['median_seconds'] * 1e3:9.1f} ms  time {row['time_vs_unfused']:.2f}x unfused"
-                print(f"{shape:>15s} {dtype_name:8s} {name:9s} temporaries {temp[name] / 2**20:9.1f} MiB "
+                print(f"{shape:>15s} {dtype_name:8s} {name:12s} temporaries {temp[name] / 2**20:9.1f} MiB "
                       f"({row['memory_vs_unfused']:6.1f}x less than unfused){timing}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
