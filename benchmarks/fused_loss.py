@@ -7,7 +7,9 @@ are compiled with their gradients:
   (cross-entropy alone, the floor a plain LM head pays);
 - `unfused`: `hidden @ kernel`, then `ntl_jax.cross_entropy_and_ntl` (NTL-WAS, λ 0.3,
   z-loss 1e-4, T5X's NUM_REAL_TARGET_TOKENS);
-- `fused`: `ntl_jax.fused_cross_entropy_and_ntl` with the same options.
+- `fused`: `ntl_jax.fused_cross_entropy_and_ntl` with the same options;
+- `token chunks 512`: the plain alternative, `cross_entropy_and_ntl` on 512 tokens at a
+  time under `jax.checkpoint` (for comparison; it cannot do the number-level loss).
 
 Memory is XLA's compiled memory analysis (peak temporaries, nothing is run, so any
 shape fits). Time runs the compiled functions round-robin (machine load hits all alike)
@@ -53,7 +55,25 @@ def variants(targets, nt, chunk_sizes=()):
     def fused(h, k):
         return fused_cross_entropy_and_ntl(h, k, targets, nt, **OPTIONS)[0]
 
+    def token_chunks(h, k, chunk=512):
+        # The plain alternative: the logits of `chunk` tokens at a time under
+        # `jax.checkpoint` (per-position variants only: numbers must not cross chunks).
+        batch, length, d_model = h.shape
+        n = batch * length // chunk
+
+        @jax.checkpoint
+        def one(args):
+            hc, tc = args
+            loss, parts = cross_entropy_and_ntl((hc @ k)[None], tc[None], nt, ntl_kind="was", ntl_weight=0.3,
+                                                z_loss=1e-4)
+            return loss, parts["weight_sum"]
+
+        losses, counts = jax.lax.map(one, (h.reshape(n, chunk, d_model), targets.reshape(n, chunk)))
+        return jnp.sum(losses) / jnp.maximum(jnp.sum(counts), 1.0)
+
     out = {"optax CE": optax_ce, "unfused": unfused, "fused": fused}
+    if targets.size % 512 == 0:
+        out["token chunks 512"] = token_chunks
     for chunk in chunk_sizes:
         out[f"fused c={chunk}"] = lambda h, k, chunk=chunk: fused_cross_entropy_and_ntl(
             h, k, targets, nt, chunk_size=chunk, **OPTIONS)[0]
@@ -117,7 +137,7 @@ def main() -> None:
                 timing = ""
                 if "median_seconds" in row:
                     timing = f"  {row['median_seconds'] * 1e3:9.1f} ms  time {row['time_vs_unfused']:.2f}x unfused"
-                print(f"{shape:>15s} {dtype_name:8s} {name:12s} temporaries {temp[name] / 2**20:9.1f} MiB "
+                print(f"{shape:>15s} {dtype_name:8s} {name:16s} temporaries {temp[name] / 2**20:9.1f} MiB "
                       f"({row['memory_vs_unfused']:6.1f}x less than unfused){timing}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
