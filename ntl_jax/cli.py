@@ -16,7 +16,7 @@ COMMANDS = {
     "generate": ("ntl_jax.data.generate_cli", "write DeepMind mathematics files offline"),
     "train": ("ntl_jax.train.cli_train", "train a small T5 with or without NTL"),
     "compare": ("ntl_jax.train.cli_compare", "paired runs of CE and CE+NTL over seeds, with intervals"),
-    "plot-loss": ("ntl_jax.train.cli_plot_loss", "plot CE, NTL-MSE and NTL-WAS over digit distributions"),
+    "plot-loss": ("ntl_jax.cli_plot_loss", "plot CE, NTL-MSE and NTL-WAS over digit distributions"),
 }
 
 DESCRIPTION = """\

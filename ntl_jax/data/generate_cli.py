@@ -6,9 +6,8 @@ import argparse
 import os
 import sys
 
-from ntl_jax.train.cli_train import checked
+from ntl_jax.cli_flags import checked, positive_int
 
-positive_int = checked(int, lambda v: v >= 1, "a positive integer")
 # Split evenly over easy/medium/hard (rounded down), so fewer than 3 would write nothing.
 per_train_count = checked(int, lambda v: v >= 3,
                           "an integer >= 3 (it is split over the three train difficulties)")

@@ -1,7 +1,7 @@
 """A single-machine trainer for small T5 models with the Number Token Loss.
 
 `network` (the T5.1.1 encoder-decoder), `step` (the jitted optax step, the part to
-copy), `data`, `evaluate`, `checkpoint` and `trainer` (the loop); the `ntl-jax train`,
-`compare` and `plot-loss` commands live in the `cli_*` modules. Nothing is imported
-here, so `import ntl_jax.train` stays light.
+copy), `data`, `evaluate`, `checkpoint` and `trainer` (the loop); the `ntl-jax train`
+and `compare` commands live in `cli_train` and `cli_compare`. Nothing is imported here,
+so `import ntl_jax.train` stays light.
 """

@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from ntl_jax import cli_flags
 from ntl_jax.train import cli_train
 
 TASKS = ("arithmetic", "multiplication")
@@ -63,26 +64,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scratch: each loss trains from random initialisation; finetune: "
                              "CE pretraining per seed, then each loss fine-tunes from the same "
                              "parameters (default: %(default)s)")
-    parser.add_argument("--seeds", type=cli_train.positive_int, default=3,
+    parser.add_argument("--seeds", type=cli_flags.positive_int, default=3,
                         help="number of seeds, 0..N-1; a seed fixes initialisation and data "
                              "order for every loss (default: %(default)s)")
     parser.add_argument("--losses", nargs="+", choices=cli_train.LOSSES, default=list(LOSSES),
                         metavar="LOSS",
                         help=f"losses to compare, of {', '.join(cli_train.LOSSES)}; 'ce' is "
                              "the baseline and always runs (default: ce ntl-was)")
-    parser.add_argument("--jobs", type=cli_train.positive_int, default=1,
+    parser.add_argument("--jobs", type=cli_flags.positive_int, default=1,
                         help="runs trained at the same time, in separate processes "
                              "(default: %(default)s)")
     g = parser.add_argument_group("finetune protocol")
-    g.add_argument("--pretrain-steps", type=cli_train.positive_int, default=None,
+    g.add_argument("--pretrain-steps", type=cli_flags.positive_int, default=None,
                    help="CE pretraining steps (default: --steps)")
-    g.add_argument("--finetune-learning-rate", type=cli_train.positive_float, nargs="+",
+    g.add_argument("--finetune-learning-rate", type=cli_flags.positive_float, nargs="+",
                    default=None, metavar="LR",
                    help="fine-tuning learning rate(s); --learning-rate is pretraining's "
                         "(default: a third of --learning-rate)")
     g = parser.add_argument_group("reporting")
     g.add_argument("--high-mode-threshold", default=0.6,
-                   type=cli_train.checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+                   type=cli_flags.checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
                    help="also report the share of seeds whose interpolation accuracy exceeds "
                         "this (outcomes can be bimodal across seeds) (default: %(default)s)")
     cli_train.add_run_arguments(parser, DEFAULTS, sweep=True)

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 
+from ntl_jax.cli_flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
 from ntl_jax.losses import KINDS
 
 # Defaults shared with `ntl-jax compare` (its defaults are this run at three losses).
@@ -27,29 +28,6 @@ def architecture(args: argparse.Namespace) -> str:
     if args.architecture:
         return args.architecture
     return "decoder-only" if args.module == "multiplication" else "encoder-decoder"
-
-
-def checked(convert, is_valid, expected: str):
-    """An argparse `type` that converts with `convert` and rejects values failing
-    `is_valid`, with a message saying what was `expected` and what came."""
-
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if not is_valid(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
-        return value
-
-    return parse
-
-
-positive_int = checked(int, lambda v: v >= 1, "a positive integer")
-non_negative_int = checked(int, lambda v: v >= 0, "an integer >= 0")
-positive_float = checked(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
-finite_non_negative_float = checked(float, lambda v: 0 <= v < float("inf"),
-                                    "a finite number >= 0")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,

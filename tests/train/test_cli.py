@@ -113,7 +113,7 @@ def test_train_rejects_bad_module_and_unwritable_out(real_data, tmp_path, capsys
 
 
 def test_plot_loss_values_and_png(tmp_path):
-    from ntl_jax.train.cli_plot_loss import loss_curves, peaked
+    from ntl_jax.cli_plot_loss import loss_curves, peaked
 
     c = 0.9
     curves = loss_curves(4, peaked(c))

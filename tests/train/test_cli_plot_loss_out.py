@@ -7,8 +7,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from ntl_jax import cli  # noqa: E402
-from ntl_jax.train import cli_plot_loss  # noqa: E402
+from ntl_jax import cli, cli_plot_loss  # noqa: E402
 
 
 @pytest.fixture
