@@ -167,7 +167,7 @@ def _train_one(args: argparse.Namespace, spec: RunSpec, out: str, progress: bool
         _DATA.clear()  # one seed's data at a time is enough: runs are ordered by seed
         print(f"seed {spec.seed}: generating {config.data.train_examples} training problems "
               f"of {config.data.module} ...", flush=True)
-        _DATA[config.data] = data_lib.ArithmeticData(config.data)
+        _DATA[config.data] = data_lib.ProblemData(config.data)
     result = train(config, run_dir(out, spec), data=_DATA[config.data], progress=progress,
                    tensorboard=not args.no_tensorboard)
     result.pop("state", None)

@@ -187,8 +187,9 @@ class EvalSet:
                          dict[str, float]] | None = None
 
 
-class ArithmeticData:
-    """A tokenized training pool and evaluation sets; `batch(step)` is deterministic."""
+class ProblemData:
+    """The question/answer problems of a run, tokenized: a training pool and evaluation
+    sets, for any mathematics module or `multiplication`; `batch(step)` is deterministic."""
 
     def __init__(self, config: DataConfig, vocabulary: Any = None,
                  example_source: Callable | None = None):

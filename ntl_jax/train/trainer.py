@@ -306,7 +306,7 @@ def _restore_newest(checkpointer: Checkpointer, state, identity: dict, steps: in
     return None, state
 
 
-def train(config: TrainConfig, out_dir: str, *, data: data_lib.ArithmeticData | None = None,
+def train(config: TrainConfig, out_dir: str, *, data: data_lib.ProblemData | None = None,
           progress: bool = True, tensorboard: bool = True, stop_after: int | None = None
           ) -> dict[str, Any]:
     """Trains (or resumes) a run in `out_dir`; returns the final evaluation metrics.
@@ -394,7 +394,7 @@ def _train(config, out_dir, data, progress, tensorboard, stop_after):
     if data is None:
         _say(f"generating {config.data.train_examples} training problems of "
              f"{config.data.module} (seed {config.data.seed}) ...")
-        data = data_lib.ArithmeticData(config.data)
+        data = data_lib.ProblemData(config.data)
     elif data.config != config.data:
         raise ValueError(f"data was built from {data.config}, the run wants {config.data}")
 

@@ -43,7 +43,7 @@ def fake_data(vocabulary, n=64, batch=8, seed=0):
 
     cfg = data_lib.DataConfig(module="fake", train_examples=n, eval_examples=8,
                               batch_size=batch, seed=seed)
-    return data_lib.ArithmeticData(cfg, vocabulary=vocabulary, example_source=addition_source)
+    return data_lib.ProblemData(cfg, vocabulary=vocabulary, example_source=addition_source)
 
 
 def micro_config(data, **overrides):

@@ -23,7 +23,7 @@ def _data(vocabulary, n=64, batch=8, eval_examples=8, architecture="decoder-only
     cfg = data_lib.DataConfig(module="multiplication", train_examples=n,
                               eval_examples=eval_examples, batch_size=batch, seed=0,
                               architecture=architecture)
-    return data_lib.ArithmeticData(cfg, vocabulary=vocabulary)
+    return data_lib.ProblemData(cfg, vocabulary=vocabulary)
 
 
 def test_make_model_and_architectures():

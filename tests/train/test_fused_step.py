@@ -30,7 +30,7 @@ def test_fused_step_equals_the_unfused_step(vocabulary, architecture, tied, loss
     model = network.make_model(architecture, cfg)
     data_config = data_lib.DataConfig(module="fake", train_examples=8, eval_examples=8, batch_size=8,
                                       architecture=architecture)
-    batch = data_lib.ArithmeticData(data_config, vocabulary=vocabulary, example_source=addition_source).batch(0)
+    batch = data_lib.ProblemData(data_config, vocabulary=vocabulary, example_source=addition_source).batch(0)
     state = step_lib.create_train_state(model, SGD, batch, seed=0)
     unfused, fused = _step(vocabulary, model, loss, fused=False), _step(vocabulary, model, loss, fused=True)
     (state_u, metrics_u), (state_f, metrics_f) = unfused(state, batch), fused(state, batch)

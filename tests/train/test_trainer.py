@@ -133,7 +133,7 @@ def test_bad_config_and_unwritable_output(vocabulary, tmp_path):
         trainer.train(micro_config(data), str(blocker / "sub"), data=data)
 
 
-class _InterruptAt(data_lib.ArithmeticData):
+class _InterruptAt(data_lib.ProblemData):
     """Sends this process SIGINT while serving batch `at`, as Ctrl-C would."""
 
     at = -1
@@ -254,8 +254,8 @@ def test_init_from_rejects_unfinished_mismatched_and_damaged_runs(vocabulary, tm
     class OtherPieces(type(vocabulary)):
         chars = type(vocabulary).chars[::-1]
 
-    other = data_lib.ArithmeticData(data.config, vocabulary=OtherPieces(),
-                                    example_source=addition_source)
+    other = data_lib.ProblemData(data.config, vocabulary=OtherPieces(),
+                                 example_source=addition_source)
     with pytest.raises(ValueError, match="vocabulary: the pieces differ"):
         trainer.train(micro_config(data, init_from=pre), str(tmp_path / "c"), data=other,
                       progress=False, tensorboard=False)
