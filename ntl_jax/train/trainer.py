@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -172,27 +173,66 @@ def number_tokens_of(vocabulary) -> NumberTokens:
     return NumberTokens.from_vocabulary(vocabulary)
 
 
-# Built steps by configuration: a resumed or repeated run in the same process (tests,
-# `compare` reruns) reuses the compiled step instead of compiling it again.
-_STEP_CACHE: dict = {}
+def number_tokens_digest(number_tokens: NumberTokens) -> str:
+    """A hash of the tables of `number_tokens`: equal digests, equal loss terms."""
+    h = hashlib.sha256(repr(number_tokens.dot_id).encode())
+    for table in (number_tokens.values, number_tokens.ids, number_tokens.number_values):
+        table = np.asarray(table)
+        h.update(f"{table.dtype}{table.shape}".encode())
+        h.update(table.tobytes())
+    return h.hexdigest()[:16]
 
 
-def _optimizer_and_step(config: TrainConfig, model, vocabulary, number_tokens):
-    key = (type(model), model.config, config.optimizer, config.learning_rate, config.steps,
-           config.warmup_steps, config.schedule, config.weight_decay, config.clip_norm,
-           config.loss, config.ntl_weight, config.z_loss, config.fused_loss, id(vocabulary))
-    if key not in _STEP_CACHE:
-        optimizer = optim.make_optimizer(
-            config.optimizer, learning_rate=config.learning_rate, total_steps=config.steps,
-            warmup_steps=config.warmup_steps, schedule=config.schedule,
-            weight_decay=config.weight_decay, clip_norm=config.clip_norm)
-        train_step = step_lib.make_train_step(
-            model, optimizer, number_tokens, loss=config.loss, ntl_weight=config.ntl_weight,
-            z_loss=config.z_loss, fused_loss=config.fused_loss)
-        _STEP_CACHE.clear()  # keep one: a long-lived process should not pile them up
-        # The vocabulary is kept alive with the entry so its id cannot be reused.
-        _STEP_CACHE[key] = (optimizer, train_step, vocabulary)
-    return _STEP_CACHE[key][:2]
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Everything the network, optimizer and jitted step of a run are built from.
+
+    Hashable and compared by value: the number tokens take part through their digest
+    (`number_tokens_digest`), and the table itself rides along outside the comparison.
+    """
+
+    architecture: str
+    model_config: network.T5Config
+    number_tokens_digest: str
+    optimizer: str
+    learning_rate: float
+    total_steps: int
+    warmup_steps: int
+    schedule: str
+    weight_decay: float
+    clip_norm: float
+    loss: str
+    ntl_weight: float
+    z_loss: float
+    fused_loss: bool
+    number_tokens: NumberTokens = dataclasses.field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, config: TrainConfig, model_config, number_tokens: NumberTokens) -> StepSpec:
+        return cls(architecture=config.architecture, model_config=model_config,
+                   number_tokens_digest=number_tokens_digest(number_tokens),
+                   optimizer=config.optimizer, learning_rate=config.learning_rate,
+                   total_steps=config.steps, warmup_steps=config.warmup_steps,
+                   schedule=config.schedule, weight_decay=config.weight_decay,
+                   clip_norm=config.clip_norm, loss=config.loss, ntl_weight=config.ntl_weight,
+                   z_loss=config.z_loss, fused_loss=config.fused_loss,
+                   number_tokens=number_tokens)
+
+
+# Only the latest is kept: a resumed or repeated run in the same process (tests,
+# `compare` reruns) reuses its compiled step, and a long-lived process holds one.
+@functools.lru_cache(maxsize=1)
+def build_step(spec: StepSpec):
+    """`(model, optimizer, train_step)` of `spec`; the same objects for equal specs."""
+    model = network.make_model(spec.architecture, spec.model_config)
+    optimizer = optim.make_optimizer(
+        spec.optimizer, learning_rate=spec.learning_rate, total_steps=spec.total_steps,
+        warmup_steps=spec.warmup_steps, schedule=spec.schedule,
+        weight_decay=spec.weight_decay, clip_norm=spec.clip_norm)
+    train_step = step_lib.make_train_step(
+        model, optimizer, spec.number_tokens, loss=spec.loss, ntl_weight=spec.ntl_weight,
+        z_loss=spec.z_loss, fused_loss=spec.fused_loss)
+    return model, optimizer, train_step
 
 
 def _mean(records: list[dict]) -> dict[str, float]:
@@ -401,9 +441,8 @@ def _train(config, out_dir, data, progress, tensorboard, stop_after):
     vocabulary = data.vocabulary
     model_config = network.make_config(config.preset, int(vocabulary.vocab_size),
                                        dropout_rate=config.dropout_rate)
-    model = network.make_model(config.architecture, model_config)
-    number_tokens = number_tokens_of(vocabulary)
-    optimizer, train_step = _optimizer_and_step(config, model, vocabulary, number_tokens)
+    model, optimizer, train_step = build_step(
+        StepSpec.of(config, model_config, number_tokens_of(vocabulary)))
 
     state = step_lib.create_train_state(model, optimizer, data.batch(0), config.seed)
     checkpointer = Checkpointer(os.path.join(out_dir, "checkpoints"))

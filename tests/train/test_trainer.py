@@ -67,6 +67,27 @@ def test_train_step_compiles_once(vocabulary):
     assert int(state.step) == 4
 
 
+def test_equal_runs_share_one_built_step_and_only_the_latest_is_kept(vocabulary):
+    data = fake_data(vocabulary, n=8, batch=8)
+    model_config = network.make_config("micro", vocabulary.vocab_size)
+
+    def built(vocab, **overrides):
+        spec = trainer.StepSpec.of(micro_config(data, **overrides), model_config,
+                                   trainer.number_tokens_of(vocab))
+        return trainer.build_step(spec)
+
+    first = built(vocabulary)
+    assert built(type(vocabulary)()) is first  # another vocabulary object, the same pieces
+
+    class OtherPieces(type(vocabulary)):
+        chars = type(vocabulary).chars[::-1]  # the same size, the digits at other ids
+
+    other = built(OtherPieces())
+    assert other is not first
+    assert built(OtherPieces(), ntl_weight=0.1) is not other
+    assert trainer.build_step.cache_info().currsize == 1
+
+
 def test_ce_and_ntl_losses_differ_only_in_ntl_term(vocabulary):
     ce_step, state, batch, _ = _step_setup(vocabulary, loss="ce")
     was_step, _, _, _ = _step_setup(vocabulary, loss="ntl-was")
