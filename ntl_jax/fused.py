@@ -156,6 +156,21 @@ def _vocab_stats_bwd(chunk, with_sum, with_top, residuals, cotangents):
 _vocab_stats.defvjp(_vocab_stats_fwd, _vocab_stats_bwd)
 
 
+def check_chunk_size(chunk_size, name: str = "chunk_size") -> None:
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1
+    ):
+        raise ValueError(f"expected {name} None or a positive int, got {chunk_size!r}")
+
+
+def check_fused_inputs(hidden, kernel, targets, number_tokens, weights=None, chunk_size=None):
+    """The input checks of `fused_cross_entropy_and_ntl` at trace time; returns
+    `weights` as float32 (or None)."""
+    _check_hidden_and_kernel(hidden, kernel, targets, number_tokens)
+    check_chunk_size(chunk_size)
+    return losses.check_weights(weights, jnp.shape(targets))
+
+
 def _check_hidden_and_kernel(hidden, kernel, targets, number_tokens) -> None:
     if not isinstance(number_tokens, NumberTokens):
         raise TypeError(f"expected number_tokens to be a NumberTokens, got {type(number_tokens).__name__}")
@@ -244,43 +259,39 @@ def fused_cross_entropy_and_ntl(
     (1.6094, 0.3333)
     """
     objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
-    _check_hidden_and_kernel(hidden, kernel, targets, number_tokens)
-    weights = losses.check_weights(weights, jnp.shape(targets))
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer))
-                                   or chunk_size < 1):
-        raise ValueError(f"expected chunk_size None or a positive int, got {chunk_size!r}")
+    weights = check_fused_inputs(hidden, kernel, targets, number_tokens, weights, chunk_size)
     vocab = jnp.shape(kernel)[1]
     weights, factor = objective.resolve_weights_and_factor(
         targets, weights, vocab, loss_normalizing_factor,
         decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
     )
-    # Ignored positions: zero hidden states give the zero logits the unfused path uses
-    # there, and NaN or inf in them reach neither the loss nor the gradient.
-    keep = (targets >= 0) & (targets < vocab) & (weights != 0)
-    head, _ = fused_head_stats(
-        hidden, kernel, jnp.where(keep, targets, -1), keep, number_tokens, label_smoothing=label_smoothing,
-        reweigh=reweigh, chunk_size=chunk_size,
+    head, targets, _ = fused_head_stats(
+        hidden, kernel, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
+        chunk_size=chunk_size,
     )
     return objective.objective_from_head(
-        head, jnp.where(keep, targets, -1), weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
+        head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
         ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
     )
 
 
-def fused_head_stats(hidden, kernel, targets, keep, number_tokens: NumberTokens, *, label_smoothing, reweigh,
+def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberTokens, *, label_smoothing, reweigh,
                      chunk_size=None, with_top=False):
-    """`(HeadStats, top_ids)` of the logits `hidden @ kernel`, streamed over vocabulary
-    chunks (see the module docstring); `top_ids` `[batch, length]` is the argmax over
-    the vocabulary with `with_top`, else None.
-
-    Inputs are checked; `targets` are -1 where `keep` is False, and those positions'
-    hidden states are zeroed here (zero logits, as the unfused path uses).
+    """`(HeadStats, targets, top_ids)` of the logits `hidden @ kernel` under resolved
+    `weights`, streamed over vocabulary chunks (see the module docstring): the targets
+    come back -1 at ignored positions (weight 0, or outside the kernel's vocabulary);
+    `top_ids` `[batch, length]` is the argmax over the vocabulary with `with_top`,
+    else None. Inputs are checked (`check_fused_inputs`).
     """
     dtype = jnp.result_type(hidden, kernel)
-    hidden = jnp.where(keep[..., None], jnp.asarray(hidden, dtype), jnp.zeros((), dtype))
     kernel = jnp.asarray(kernel, dtype)
-    batch, length, d_model = hidden.shape
     vocab = kernel.shape[1]
+    # Ignored positions: zero hidden states give the zero logits the unfused path uses
+    # there, and NaN or inf in them reach neither the loss nor the gradient.
+    keep = (targets >= 0) & (targets < vocab) & (weights != 0)
+    targets = jnp.where(keep, targets, -1)
+    hidden = jnp.where(keep[..., None], jnp.asarray(hidden, dtype), jnp.zeros((), dtype))
+    batch, length, d_model = hidden.shape
     chunk = default_chunk_size(batch * length, vocab) if chunk_size is None else min(int(chunk_size), vocab)
     rest_lse, target_logit, logit_sum, number_logits, top_id = _vocab_stats(
         hidden.reshape(batch * length, d_model), kernel, jnp.maximum(targets, 0).reshape(-1),
@@ -301,4 +312,4 @@ def fused_head_stats(hidden, kernel, targets, keep, number_tokens: NumberTokens,
         number_logits=number_logits,
         masses=masses,
     )
-    return head, (top_id.reshape(shape) if with_top else None)
+    return head, targets, (top_id.reshape(shape) if with_top else None)

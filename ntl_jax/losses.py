@@ -318,6 +318,13 @@ class NumberTarget(NamedTuple):
     value: jax.Array  # [batch, length]: its value, 0 where not a number
 
 
+def number_prediction(number_logits, number_tokens: NumberTokens) -> NumberPrediction:
+    """The softmax over the number tokens' logits (`[batch, length, N]` float32) and its
+    expected value."""
+    probs = jax.nn.softmax(number_logits, axis=-1)
+    return NumberPrediction(probs, jnp.sum(probs * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1))
+
+
 def _was(prediction, target, number_tokens, squash_factor):
     v = jnp.asarray(number_tokens.number_values, jnp.float32)
     # The target's row of the distance table, without gathering rows of it.
@@ -402,11 +409,9 @@ def ntl_per_position(number_logits, targets, number_tokens, *, kind="was", masse
     and ignored positions sanitised (target -1).
     """
     check_kind(kind, squash_factor)
-    probs = jax.nn.softmax(number_logits, axis=-1)
-    value = jnp.sum(probs * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
     target = NumberTarget(targets, *target_values(targets, number_tokens))
     variant = VARIANTS[kind]
-    loss, counted = variant.loss(NumberPrediction(probs, value), target, number_tokens, squash_factor)
+    loss, counted = variant.loss(number_prediction(number_logits, number_tokens), target, number_tokens, squash_factor)
     if masses is not None:
         mass, rest = masses
         loss = loss * mass + _REWEIGH_MARGIN * variant.ceiling(number_tokens, squash_factor) * rest
@@ -587,6 +592,5 @@ def predict_numbers(logits: ArrayLike, number_tokens: NumberTokens) -> tuple[jax
     (1.0, 0.5)
     """
     check_inputs(logits, None, number_tokens)
-    probs = jax.nn.softmax(number_logits(logits, number_tokens), axis=-1)
-    value = jnp.sum(probs * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
+    value = number_prediction(number_logits(logits, number_tokens), number_tokens).value
     return value, number_mass(logits, number_tokens)[0]

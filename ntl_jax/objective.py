@@ -356,21 +356,32 @@ def cross_entropy_and_ntl(
         targets, weights, vocab, loss_normalizing_factor,
         decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
     )
+    head, targets = logits_head_stats(
+        logits, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
+        with_numbers=ntl_kind != "none",
+    )
+    return objective_from_head(
+        head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
+        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
+    )
+
+
+def logits_head_stats(logits, targets, weights, number_tokens: NumberTokens, *, label_smoothing, reweigh,
+                      with_numbers=True):
+    """`(HeadStats, targets)` of checked logits under resolved `weights`, the targets -1
+    at ignored positions (weight 0, or outside the logits' vocabulary)."""
     # Ignored positions: logits zeroed before any arithmetic, so NaN or inf there reach
     # neither the loss nor the gradient; their targets become -1 (no number, no digit).
-    logits, targets, _ = losses.ignore_positions(logits, targets, weights, vocab)
+    logits, targets, _ = losses.ignore_positions(logits, targets, weights, jnp.shape(logits)[-1])
     # One float32 copy of the logits, so every term's gradient accumulates into a single
     # buffer (with bf16 logits, separate casts cost a third more memory), and one
     # full-vocabulary logsumexp for cross-entropy, z-loss and reweigh.
     logits = logits.astype(jnp.float32)
     head = head_stats(
         logits, targets, number_tokens, log_normalizer=jax.nn.logsumexp(logits, axis=-1),
-        label_smoothing=label_smoothing, reweigh=reweigh, with_numbers=ntl_kind != "none",
+        label_smoothing=label_smoothing, reweigh=reweigh, with_numbers=with_numbers,
     )
-    return objective_from_head(
-        head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
-        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
-    )
+    return head, targets
 
 
 def check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss) -> None:

@@ -57,11 +57,11 @@ def _is_special(loss_normalizing_factor) -> bool:
     return isinstance(loss_normalizing_factor, (str, enum.Enum))
 
 
-def resolve_weights(logits, batch: Mapping[str, Any], loss_normalizing_factor):
+def resolve_weights(vocab: int, batch: Mapping[str, Any], loss_normalizing_factor):
     """The effective per-token weights and the loss-normalising factor, resolved once.
 
     T5X's `get_loss_normalizing_factor_and_weights` on the batch, except that a
-    position whose target id is outside `[0, logits.shape[-1])` has weight 0 before
+    position whose target id is outside `[0, vocab)` (the logits' last axis) has weight 0 before
     the factor is taken (the losses ignore such positions: they count neither in
     `NUM_REAL_TARGET_TOKENS` nor in a sequence's total for `AVERAGE_PER_SEQUENCE`).
     Without `decoder_loss_weights` the weights are T5X's for the factor: `targets > 0`
@@ -73,7 +73,7 @@ def resolve_weights(logits, batch: Mapping[str, Any], loss_normalizing_factor):
       the resolved special factor (at least 1, so an empty batch gives 0, not NaN).
     """
     weights, factor = objective.resolve_weights_and_factor(
-        batch["decoder_target_tokens"], batch.get("decoder_loss_weights"), jnp.shape(logits)[-1],
+        batch["decoder_target_tokens"], batch.get("decoder_loss_weights"), vocab,
         loss_normalizing_factor,
         decoder_segment_ids=batch.get("decoder_segment_ids"), decoder_positions=batch.get("decoder_positions"),
     )
@@ -118,8 +118,7 @@ def _predictions(head, number_tokens: NumberTokens):
     gradient: a softmax over the `N` number logits the loss already gathered, and the
     mass from those and the loss's log-normaliser; no further pass over the vocabulary."""
     number_logits = jax.lax.stop_gradient(head.number_logits)
-    p = jax.nn.softmax(number_logits, axis=-1)
-    value = jnp.sum(p * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1)
+    value = losses.number_prediction(number_logits, number_tokens).value
     if head.masses is not None:
         mass = head.masses[0]
     else:
@@ -201,15 +200,11 @@ def model_loss(
     vocab = jnp.shape(logits)[-1]
     objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
     losses.check_inputs(logits, targets, number_tokens, batch.get("decoder_loss_weights"))
-    weights, factor = resolve_weights(logits, batch, loss_normalizing_factor)
-    # As `cross_entropy_and_ntl`: ignored positions zeroed before any arithmetic, one
-    # float32 copy of the logits, one logsumexp; the number logits are kept for the
-    # metrics even when the loss has no NTL term.
-    clean_logits, clean_targets, _ = losses.ignore_positions(logits, targets, weights, vocab)
-    clean_logits = clean_logits.astype(jnp.float32)
-    head = objective.head_stats(
-        clean_logits, clean_targets, number_tokens, log_normalizer=jax.nn.logsumexp(clean_logits, axis=-1),
-        label_smoothing=label_smoothing, reweigh=reweigh, with_numbers=True,
+    weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
+    # As `cross_entropy_and_ntl`; the number logits are kept for the metrics even when
+    # the loss has no NTL term.
+    head, clean_targets = objective.logits_head_stats(
+        logits, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
     )
     return _model_loss_from_head(
         head, clean_targets, weights, factor, batch, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
@@ -240,17 +235,11 @@ def model_loss_from_hidden(
     the same stream) is the target, with all-zero targets (`accuracy_inputs`)."""
     targets = batch["decoder_target_tokens"]
     objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
-    fused._check_hidden_and_kernel(hidden, kernel, targets, number_tokens)
-    losses.check_weights(batch.get("decoder_loss_weights"), jnp.shape(targets))
+    fused.check_fused_inputs(hidden, kernel, targets, number_tokens, batch.get("decoder_loss_weights"), chunk_size)
     vocab = jnp.shape(kernel)[1]
-    weights, factor = objective.resolve_weights_and_factor(
-        targets, batch.get("decoder_loss_weights"), vocab, loss_normalizing_factor,
-        decoder_segment_ids=batch.get("decoder_segment_ids"), decoder_positions=batch.get("decoder_positions"),
-    )
-    keep = (targets >= 0) & (targets < vocab) & (weights != 0)
-    clean_targets = jnp.where(keep, targets, -1)
-    head, top = fused.fused_head_stats(
-        hidden, kernel, clean_targets, keep, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
+    weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
+    head, clean_targets, top = fused.fused_head_stats(
+        hidden, kernel, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
         chunk_size=chunk_size, with_top=True,
     )
     correct = (top == targets).astype(jnp.float32)
@@ -333,9 +322,7 @@ class NTLLossMixin:
             digit_level=digit_level,
         )
         losses.check_bool("fused_loss", fused_loss)
-        if fused_chunk_size is not None and (isinstance(fused_chunk_size, bool) or not isinstance(
-                fused_chunk_size, (int, np.integer)) or fused_chunk_size < 1):
-            raise ValueError(f"expected fused_chunk_size None or a positive int, got {fused_chunk_size!r}")
+        fused.check_chunk_size(fused_chunk_size, "fused_chunk_size")
         self._fused_loss = bool(fused_loss)
         self._fused_chunk_size = fused_chunk_size
 

@@ -266,7 +266,8 @@ def test_the_top_token_is_the_argmax_of_the_logits():
     hidden, kernel, targets, weights = _inputs(seed=8)
     keep = weights > 0
     for chunk_size in (7, 69):
-        _, top = fused_head_stats(hidden, kernel, jnp.where(keep, targets, -1), keep, NT, label_smoothing=0.0,
-                                  reweigh=False, chunk_size=chunk_size, with_top=True)
+        _, clean, top = fused_head_stats(hidden, kernel, targets, weights, NT, label_smoothing=0.0,
+                                         reweigh=False, chunk_size=chunk_size, with_top=True)
+        np.testing.assert_array_equal(clean, jnp.where(keep, targets, -1))
         logits = jnp.einsum("bld,dv->blv", jnp.where(keep[..., None], hidden, 0.0), kernel)
         np.testing.assert_array_equal(top, jnp.argmax(logits, axis=-1))
