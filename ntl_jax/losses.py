@@ -165,19 +165,20 @@ def check_weights(weights, targets_shape):
     return jnp.asarray(weights, jnp.float32)
 
 
-def ignore_positions(logits, targets, weights, vocab_size: int):
-    """Sanitises ignored positions (weight 0, or a target outside `[0, vocab_size)`).
+def keep_positions(targets, weights, vocab_size: int):
+    """`(keep, targets)`: `keep` `[batch, length]` bool is False at ignored positions
+    (weight 0, or a target outside `[0, vocab_size)`), where the targets become -1 (so
+    they are no number token and break digit runs).
 
-    Returns `(logits, targets, keep)`: the logits zeroed and the targets set to -1 at
-    ignored positions (so they are no number token and break digit runs), and `keep`
-    `[batch, length]` bool. Done with `where` before any arithmetic, so NaN or infinite
-    logits at ignored positions reach neither the loss nor its gradient.
+    The logits are not touched here: each loss takes what it needs from them first
+    (the `N` number-token columns) and sanitises that with `where`, before any
+    arithmetic, so NaN or infinite logits at ignored positions reach neither the loss
+    nor its gradient without a pass over `[batch, length, vocab]`.
     """
     keep = (targets >= 0) & (targets < vocab_size)
     if weights is not None:
         keep &= weights != 0
-    logits = jnp.where(keep[..., None], logits, jnp.zeros((), logits.dtype))
-    return logits, jnp.where(keep, targets, -1), keep
+    return keep, jnp.where(keep, targets, -1)
 
 
 def _check_reduction(reduction: str) -> None:
@@ -198,25 +199,71 @@ def target_values(targets, number_tokens: NumberTokens):
     return is_number, jnp.where(is_number, value, 0.0)
 
 
-def number_mass(logits, number_tokens: NumberTokens, log_normalizer=None):
-    """`(mass, rest)`, both `[batch, length]`: the full-vocabulary probability on the
-    number tokens and on the other tokens (`1 - mass`, without its cancellation).
+def number_mass(logits, number_logits, number_tokens: NumberTokens, keep=None):
+    """`(log_normalizer, (mass, rest))`, each `[batch, length]` float32: the
+    logsumexp of the logits over the vocabulary, and the full-vocabulary probability on
+    the number tokens and on the other tokens (`1 - mass`, without its cancellation).
 
-    Both sums are taken with the same shift and divided by their total, so the
-    rounding of the shift cancels: each is accurate to a few float32 ulps even when
-    the logits are large and one of them is close to 1.
+    `number_logits` are the number tokens' logits (`number_logits`, sanitised);
+    `keep` (`[batch, length]` bool, or None for all) marks the positions whose logits
+    are used: elsewhere they count as 0, whatever they hold. Both sums are taken with
+    one shift, the largest logit, and divided by their total, so its rounding cancels:
+    each is accurate to a few float32 ulps even when the logits are large and one of
+    them is close to 1. Costs two fused reductions over the vocabulary (a maximum and a
+    sum, as a logsumexp does) and no `[batch, length, vocab]` temporary.
     """
-    logits = logits.astype(jnp.float32)
-    if log_normalizer is None:
-        log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-    # Any shift gives the same ratios; this one keeps every exponent <= ~0.
-    shift = jax.lax.stop_gradient(log_normalizer)[..., None]
-    probs = jnp.exp(logits - shift)
-    is_number = number_token_mask(number_tokens, logits.shape[-1])
-    mass = jnp.sum(jnp.where(is_number, probs, 0.0), axis=-1)
-    rest = jnp.sum(jnp.where(is_number, 0.0, probs), axis=-1)
+    keep = jnp.ones(number_logits.shape[:-1], bool) if keep is None else keep
+    shift = jnp.max(number_logits, axis=-1)
+    vocab = logits.shape[-1]
+    if len(number_tokens.ids) < vocab:
+        # Ids beyond the table are no numbers; -inf takes the number tokens out.
+        exclude = jnp.where(number_token_mask(number_tokens, vocab), -jnp.inf, 0.0)
+        shift = jnp.maximum(shift, jnp.max(logits.astype(jnp.float32) + exclude, axis=-1))
+        # Any shift gives the same ratios; the maximum keeps every exponent <= 0.
+        shift = jax.lax.stop_gradient(jnp.where(keep & jnp.isfinite(shift), shift, 0.0))
+        rest = _excluded_exp_sum(logits, exclude, shift, keep)
+    else:  # every token is a number
+        shift = jax.lax.stop_gradient(jnp.where(keep & jnp.isfinite(shift), shift, 0.0))
+        rest = jnp.zeros_like(shift)
+    mass = jnp.sum(jnp.exp(number_logits - shift[..., None]), axis=-1)
     total = mass + rest
-    return mass / total, rest / total
+    return shift + jnp.log(total), (mass / total, rest / total)
+
+
+@jax.custom_vjp
+def _excluded_exp_sum(logits, exclude, shift, keep):
+    """`sum(exp(logits + exclude - shift))` over the last axis at the positions `keep`
+    (`[batch, length]` bool), 0 elsewhere, in float32; `exclude` (`[vocab]`) is 0, or
+    -inf for a column left out.
+
+    Left-out columns are masked in the exponent, which keeps the sum one fused
+    reduction over the logits (a `where` or a product with a 0/1 mask is several times
+    slower on a CPU). The gradient is one elementwise expression that recomputes the
+    exponentials, fused with the caller's other logits gradients, and whatever the
+    logits hold at the positions not kept (NaN, inf) reaches neither the value nor the
+    gradient."""
+    return _excluded_exp_sum_fwd(logits, exclude, shift, keep)[0]
+
+
+def _excluded_exp(logits, exclude, shift):
+    # Not `logits + exclude`, which the maximum computes: XLA would share it and store it.
+    return jnp.exp((logits.astype(jnp.float32) - shift[..., None]) + exclude)
+
+
+def _excluded_exp_sum_fwd(logits, exclude, shift, keep):
+    total = jnp.sum(_excluded_exp(logits, exclude, shift), axis=-1)
+    return jnp.where(keep, total, 0.0), (logits, exclude, shift, keep)
+
+
+def _excluded_exp_sum_bwd(residuals, g):
+    logits, exclude, shift, keep = residuals
+    g = jnp.where(keep, g, 0.0)[..., None]
+    d_logits = jnp.where(keep[..., None], g * _excluded_exp(logits, exclude, shift), 0.0)
+    # `exclude` and the shift are constants (0 / -inf, and a stop-gradient).
+    return d_logits.astype(logits.dtype), jnp.zeros_like(exclude), jnp.zeros_like(shift), None
+
+
+_excluded_exp_sum.defvjp(_excluded_exp_sum_fwd, _excluded_exp_sum_bwd)
 
 
 def number_token_mask(number_tokens: NumberTokens, vocab_size: int):
@@ -237,9 +284,12 @@ def reduce_loss(loss, counted, weights, reduction: str):
     return total / jnp.maximum(jnp.sum(w), _EPS)
 
 
-def number_logits(logits, number_tokens: NumberTokens):
-    """The logits of the number tokens, `[batch, length, N]` float32."""
-    return jnp.take(logits, jnp.asarray(number_tokens.ids), axis=-1).astype(jnp.float32)
+def number_logits(logits, number_tokens: NumberTokens, keep=None):
+    """The logits of the number tokens, `[batch, length, N]` float32; 0 where `keep`
+    (`[batch, length]` bool, optional) is False. The columns are taken before any
+    arithmetic, so only they are converted and sanitised."""
+    columns = jnp.take(logits, jnp.asarray(number_tokens.ids), axis=-1).astype(jnp.float32)
+    return columns if keep is None else jnp.where(keep[..., None], columns, 0.0)
 
 
 def _shift_right(x, fill):
@@ -425,11 +475,13 @@ def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_facto
     check_bool("reweigh", reweigh)
     check_kind(kind, squash_factor)
     weights = check_inputs(logits, targets, number_tokens, weights)
-    logits, targets, _ = ignore_positions(logits, targets, weights, jnp.shape(logits)[-1])
-    masses = number_mass(logits, number_tokens) if reweigh else None
+    # Only the N number-token columns are read (and, to reweigh, one masked sum over
+    # the vocabulary): no sanitised or float32 copy of the logits is made.
+    keep, targets = keep_positions(targets, weights, jnp.shape(logits)[-1])
+    columns = number_logits(logits, number_tokens, keep)
+    masses = number_mass(logits, columns, number_tokens, keep)[1] if reweigh else None
     loss, counted = ntl_per_position(
-        number_logits(logits, number_tokens), targets, number_tokens, kind=kind, masses=masses,
-        squash_factor=squash_factor,
+        columns, targets, number_tokens, kind=kind, masses=masses, squash_factor=squash_factor,
     )
     return reduce_loss(loss, counted, weights, reduction)
 
@@ -592,5 +644,5 @@ def predict_numbers(logits: ArrayLike, number_tokens: NumberTokens) -> tuple[jax
     (1.0, 0.5)
     """
     check_inputs(logits, None, number_tokens)
-    value = number_prediction(number_logits(logits, number_tokens), number_tokens).value
-    return value, number_mass(logits, number_tokens)[0]
+    columns = number_logits(logits, number_tokens)
+    return number_prediction(columns, number_tokens).value, number_mass(logits, columns, number_tokens)[1][0]

@@ -203,15 +203,23 @@ def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_s
     return head.log_normalizer * mass - weighted_logits - normalizing_constant + z_term, z_term
 
 
-def head_stats(logits, targets, number_tokens, *, log_normalizer, label_smoothing, reweigh, with_numbers=True):
+def head_stats(logits, targets, number_tokens, *, label_smoothing, reweigh, with_numbers=True,
+               log_normalizer=None):
     """`HeadStats` of (sanitised, float32) logits; `with_numbers=False` leaves out the
-    number tokens' logits (cross-entropy only)."""
+    number tokens' logits (cross-entropy only). `log_normalizer` may be given; else it
+    is computed, with reweigh in the same pass as the number mass."""
+    columns = losses.number_logits(logits, number_tokens) if with_numbers or reweigh else None
+    masses = None
+    if reweigh:
+        log_normalizer, masses = losses.number_mass(logits, columns, number_tokens)
+    elif log_normalizer is None:
+        log_normalizer = jax.nn.logsumexp(logits, axis=-1)
     return HeadStats(
         log_normalizer=log_normalizer,
         target_logit=_target_logit(logits, targets),
         logit_sum=jnp.sum(logits, axis=-1) if label_smoothing > 0 else None,
-        number_logits=losses.number_logits(logits, number_tokens) if with_numbers else None,
-        masses=losses.number_mass(logits, number_tokens, log_normalizer) if reweigh else None,
+        number_logits=columns if with_numbers else None,
+        masses=masses,
     )
 
 
@@ -372,14 +380,13 @@ def logits_head_stats(logits, targets, weights, number_tokens: NumberTokens, *, 
     at ignored positions (weight 0, or outside the logits' vocabulary)."""
     # Ignored positions: logits zeroed before any arithmetic, so NaN or inf there reach
     # neither the loss nor the gradient; their targets become -1 (no number, no digit).
-    logits, targets, _ = losses.ignore_positions(logits, targets, weights, jnp.shape(logits)[-1])
+    keep, targets = losses.keep_positions(targets, weights, jnp.shape(logits)[-1])
     # One float32 copy of the logits, so every term's gradient accumulates into a single
     # buffer (with bf16 logits, separate casts cost a third more memory), and one
-    # full-vocabulary logsumexp for cross-entropy, z-loss and reweigh.
-    logits = logits.astype(jnp.float32)
+    # full-vocabulary normaliser for cross-entropy, z-loss and reweigh.
+    logits = jnp.where(keep[..., None], logits, jnp.zeros((), logits.dtype)).astype(jnp.float32)
     head = head_stats(
-        logits, targets, number_tokens, log_normalizer=jax.nn.logsumexp(logits, axis=-1),
-        label_smoothing=label_smoothing, reweigh=reweigh, with_numbers=with_numbers,
+        logits, targets, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh, with_numbers=with_numbers,
     )
     return head, targets
 
