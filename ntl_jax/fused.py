@@ -15,6 +15,8 @@ From the statistics on, the arithmetic is `cross_entropy_and_ntl`'s own.
 from __future__ import annotations
 
 import functools
+import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,20 +49,22 @@ def _kernel_chunk(kernel, start, chunk):
     return jax.lax.dynamic_slice_in_dim(kernel, start, chunk, axis=1)
 
 
-def _chunks(vocab: int, chunk: int):
-    """`(full, rest)`: the number of whole chunks and the width of the last partial one."""
-    return vocab // chunk, vocab % chunk
+def _chunk_start(i, width: int, chunk: int):
+    """`(start, fresh)` of chunk `i` of `ceil(width / chunk)`: the last chunk is moved
+    back to end at `width` (every chunk has `chunk` columns, one loop body, no
+    remainder), and `fresh` `[chunk]` marks the columns no earlier chunk covered."""
+    start = jnp.minimum(i * chunk, width - chunk)
+    return start, start + jnp.arange(chunk) >= i * chunk
 
 
-def _chunk_forward(h, kernel_chunk, is_number_chunk, start, acc, with_top):
+def _chunk_forward(h, kernel_chunk, in_rest, start, acc, with_top):
     """Folds one chunk into `(rest_lse, top_logit, top_id)`: the logsumexp over the
-    non-number tokens and (with `with_top`) the largest logit and its first id."""
+    columns `in_rest` (the non-number tokens not yet counted) and (with `with_top`)
+    the largest logit and its first id."""
     rest_lse, top_logit, top_id = acc
     logits = _dot(h, kernel_chunk, ((1,), (0,)))
-    rest_lse = jnp.logaddexp(
-        rest_lse, jax.nn.logsumexp(jnp.where(is_number_chunk[None, :], -jnp.inf, logits), axis=-1)
-    )
-    if with_top:
+    rest_lse = jnp.logaddexp(rest_lse, jax.nn.logsumexp(jnp.where(in_rest[None, :], logits, -jnp.inf), axis=-1))
+    if with_top:  # a column seen twice changes neither the maximum nor its first id
         chunk_top = jnp.max(logits, axis=-1)
         better = chunk_top > top_logit  # ties keep the earlier id, as argmax does
         top_id = jnp.where(better, start + jnp.argmax(logits, axis=-1).astype(jnp.int32), top_id)
@@ -68,88 +72,181 @@ def _chunk_forward(h, kernel_chunk, is_number_chunk, start, acc, with_top):
     return rest_lse, top_logit, top_id
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _vocab_stats(h, kernel, targets, ids, chunk, with_sum, with_top):
-    return _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top)[0]
+class VocabShards(NamedTuple):
+    """How the kernel's vocabulary is split over a device mesh (static, hashable).
+
+    `vocab_axis` shards the kernel's columns; `batch_axes`, the mesh's other axes,
+    shard the tokens (hidden states and targets on their batch axis)."""
+
+    mesh: Any
+    vocab_axis: str
+    batch_axes: tuple
 
 
-def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top):
+def _local_columns(ids, offset, width):
+    """`(local, owned)`: `ids` as columns of the shard starting at `offset` (`width`
+    columns; ids it does not own map to `width`, one past its end) and which it owns."""
+    owned = (ids >= offset) & (ids < offset + width)
+    return jnp.where(owned, ids - offset, width), owned
+
+
+def _shard_offset(width, axis):
+    """The first vocabulary id of this shard (0 without sharding)."""
+    return 0 if axis is None else jax.lax.axis_index(axis) * width
+
+
+def _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, axis):
+    """The statistics of `h @ kernel` on one vocabulary shard (all of it when `axis` is
+    None), combined over the shards of mesh axis `axis`: see `_vocab_stats_fwd`."""
+    num, width = h.shape[0], kernel.shape[1]
+    offset = _shard_offset(width, axis)
+    local_ids, owned_ids = _local_columns(ids, offset, width)
+    is_number = jnp.zeros(width, bool).at[local_ids].set(True, mode="drop")
+
+    def body(i, acc):
+        start, fresh = _chunk_start(i, width, chunk)
+        kernel_chunk = _kernel_chunk(kernel, start, chunk)
+        in_rest = fresh & ~jax.lax.dynamic_slice_in_dim(is_number, start, chunk)
+        return _chunk_forward(h, kernel_chunk, in_rest, offset + start, acc, with_top)
+
+    acc = (jnp.full((num,), -jnp.inf, jnp.float32), jnp.full((num,), -jnp.inf, jnp.float32),
+           jnp.zeros((num,), jnp.int32))
+    acc = jax.lax.fori_loop(0, -(-width // chunk), body, acc)
+    rest_lse, top_logit, top_id = acc
+    # The target's column, from the shard that owns it (zero elsewhere, summed below).
+    local_targets, owned_targets = _local_columns(targets, offset, width)
+    target_columns = jnp.take(kernel, jnp.minimum(local_targets, width - 1), axis=1)  # [D, N]
+    target_logit = jnp.einsum("nd,dn->n", h, target_columns, preferred_element_type=jnp.float32)
+    target_logit = jnp.where(owned_targets, target_logit, 0.0)
+    column_sum = jnp.sum(kernel, axis=1, dtype=jnp.float32) if with_sum else None
+    # The number tokens' columns, D x n: small enough to assemble on every shard.
+    number_columns = jnp.take(kernel, jnp.minimum(local_ids, width - 1), axis=1)
+    number_columns = jnp.where(owned_ids[None, :], number_columns, jnp.zeros((), kernel.dtype))
+    if axis is not None:
+        rest_lse = _logsumexp_over(rest_lse, axis)
+        target_logit = jax.lax.psum(target_logit, axis)
+        number_columns = jax.lax.psum(number_columns, axis)
+        if with_sum:
+            column_sum = jax.lax.psum(column_sum, axis)
+        if with_top:
+            best = jax.lax.pmax(top_logit, axis)
+            # Ties across shards keep the smallest id, as argmax does.
+            top_id = jax.lax.pmin(jnp.where(top_logit == best, top_id, jnp.iinfo(jnp.int32).max), axis)
+    if with_sum:
+        logit_sum = _dot(h.astype(jnp.float32), column_sum, ((1,), (0,)))
+    else:
+        logit_sum = jnp.zeros((num,), jnp.float32)
+    number_logits = _dot(h, number_columns, ((1,), (0,)))
+    return rest_lse, target_logit, logit_sum, number_logits, top_id
+
+
+def _logsumexp_over(lse, axis):
+    """The logsumexp of per-shard logsumexps over mesh axis `axis` (-inf stays -inf)."""
+    top = jax.lax.pmax(lse, axis)
+    shift = jnp.where(jnp.isfinite(top), top, 0.0)
+    return shift + jnp.log(jax.lax.psum(jnp.exp(lse - shift), axis))
+
+
+def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum, axis, batch_axes=()):
+    """`(d h, d kernel)` of one vocabulary shard's columns (all of them when `axis` is
+    None): `d h` is this shard's share (summed over the shards by the caller); each
+    chunk of `d kernel` is summed over the token shards (`batch_axes`) in float32
+    before it is rounded to the kernel's dtype, as one device sums over all tokens."""
+    g_rest, g_target, g_sum, g_numbers = cotangents
+    width = kernel.shape[1]
+    offset = _shard_offset(width, axis)
+    local_ids, _ = _local_columns(ids, offset, width)
+    is_number = jnp.zeros(width, bool).at[local_ids].set(True, mode="drop")
+    # A -inf rest_lse (no token outside the numbers) has zero probability everywhere.
+    shift = jnp.where(jnp.isfinite(rest_lse), rest_lse, 0.0)[:, None]
+
+    def chunk_grads(start, fresh, kernel_chunk, is_number_chunk):
+        """`(d hidden, d kernel_chunk)` of this chunk's logits' share of the statistics."""
+        logits = _dot(h, kernel_chunk, ((1,), (0,)))
+        columns = offset + start + jnp.arange(chunk)
+        d_logits = jnp.where(is_number_chunk[None, :], 0.0, g_rest[:, None] * jnp.exp(logits - shift))
+        d_logits += jnp.where(columns[None, :] == targets[:, None], g_target[:, None], 0.0)
+        if with_sum:
+            d_logits += g_sum[:, None]
+        # The number tokens inside this chunk: a [n, chunk] one-hot (zero rows outside).
+        d_logits += _dot(g_numbers, jax.nn.one_hot(ids - offset - start, chunk, dtype=jnp.float32), ((1,), (0,)))
+        # As the unfused path does: the logits' gradient in the logits' dtype.
+        d_logits = d_logits.astype(jnp.result_type(h, kernel))
+        # Columns an earlier chunk covered add to `d hidden` once; their `d kernel` is
+        # the same again and is simply written over.
+        d_h = _dot(jnp.where(fresh[None, :], d_logits, jnp.zeros((), d_logits.dtype)), kernel_chunk, ((1,), (1,)))
+        d_kernel = _dot(h, d_logits, ((0,), (0,)))
+        if batch_axes:
+            d_kernel = jax.lax.psum(d_kernel, batch_axes)
+        return d_h, d_kernel.astype(kernel.dtype)
+
+    def body(i, carry):
+        d_h, d_kernel = carry
+        start, fresh = _chunk_start(i, width, chunk)
+        kernel_chunk = _kernel_chunk(kernel, start, chunk)
+        is_number_chunk = jax.lax.dynamic_slice_in_dim(is_number, start, chunk)
+        d_h_chunk, d_kernel_chunk = chunk_grads(start, fresh, kernel_chunk, is_number_chunk)
+        return d_h + d_h_chunk, jax.lax.dynamic_update_slice_in_dim(d_kernel, d_kernel_chunk, start, axis=1)
+
+    carry = (jnp.zeros(h.shape, jnp.float32), jnp.zeros_like(kernel))
+    return jax.lax.fori_loop(0, -(-width // chunk), body, carry)
+
+
+def _specs(shards: VocabShards):
+    """PartitionSpecs of the tokens `[N, ...]`, the kernel and the replicated ids."""
+    from jax.sharding import PartitionSpec as P
+
+    batch = shards.batch_axes or None
+    return P(batch), P(batch, None), P(None, shards.vocab_axis), P()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _vocab_stats(h, kernel, targets, ids, chunk, with_sum, with_top, shards):
+    return _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards)[0]
+
+
+def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards):
     """`(rest_lse, target_logit, logit_sum, number_logits, top_id)` of `h @ kernel`.
 
     h `[N, D]`, kernel `[D, V]`, targets `[N]` in `[0, V)`, ids `[n]` the number
     tokens. `rest_lse` is the logsumexp over the tokens that are not numbers;
     `top_id` the argmax over the vocabulary (zeros without `with_top`), not
-    differentiated.
+    differentiated. With `shards` (a `VocabShards`), each device streams its own
+    columns of the kernel and the statistics are combined over the vocabulary axis:
+    the kernel is never gathered.
     """
-    num, vocab = h.shape[0], kernel.shape[1]
-    is_number = jnp.zeros(vocab, bool).at[ids].set(True)
-    full, rest = _chunks(vocab, chunk)
-
-    def body(i, acc):
-        start = i * chunk
-        kernel_chunk = _kernel_chunk(kernel, start, chunk)
-        is_number_chunk = jax.lax.dynamic_slice_in_dim(is_number, start, chunk)
-        return _chunk_forward(h, kernel_chunk, is_number_chunk, start, acc, with_top)
-
-    acc = (jnp.full((num,), -jnp.inf, jnp.float32), jnp.full((num,), -jnp.inf, jnp.float32),
-           jnp.zeros((num,), jnp.int32))
-    acc = jax.lax.fori_loop(0, full, body, acc)
-    if rest:
-        start = full * chunk
-        acc = _chunk_forward(h, kernel[:, start:], is_number[start:], start, acc, with_top)
-    rest_lse, _, top_id = acc
-    target_columns = jnp.take(kernel, targets, axis=1)  # [D, N]
-    target_logit = jnp.einsum("nd,dn->n", h, target_columns, preferred_element_type=jnp.float32)
-    if with_sum:
-        logit_sum = _dot(h.astype(jnp.float32), jnp.sum(kernel, axis=1, dtype=jnp.float32), ((1,), (0,)))
+    if shards is None:
+        out = _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, None)
     else:
-        logit_sum = jnp.zeros((num,), jnp.float32)
-    number_logits = _dot(h, jnp.take(kernel, ids, axis=1), ((1,), (0,)))
-    out = (rest_lse, target_logit, logit_sum, number_logits, top_id)
-    return out, (h, kernel, targets, ids, rest_lse)
+        tokens, rows, columns, replicated = _specs(shards)
+        out = jax.shard_map(
+            functools.partial(_local_stats_fwd, chunk=chunk, with_sum=with_sum, with_top=with_top,
+                              axis=shards.vocab_axis),
+            mesh=shards.mesh, in_specs=(rows, columns, tokens, replicated),
+            out_specs=(tokens, tokens, tokens, rows, tokens), check_vma=False,
+        )(h, kernel, targets, ids)
+    return out, (h, kernel, targets, ids, out[0])
 
 
-def _vocab_stats_bwd(chunk, with_sum, with_top, residuals, cotangents):
+def _vocab_stats_bwd(chunk, with_sum, with_top, shards, residuals, cotangents):
     h, kernel, targets, ids, rest_lse = residuals
-    g_rest, g_target, g_sum, g_numbers, _ = cotangents
-    vocab = kernel.shape[1]
-    is_number = jnp.zeros(vocab, bool).at[ids].set(True)
-    full, rest = _chunks(vocab, chunk)
-    # A -inf rest_lse (no token outside the numbers) has zero probability everywhere.
-    shift = jnp.where(jnp.isfinite(rest_lse), rest_lse, 0.0)[:, None]
+    cotangents = cotangents[:4]  # top_id is not differentiated
+    if shards is None:
+        d_h, d_kernel = _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum, None)
+    else:
+        tokens, rows, columns, replicated = _specs(shards)
 
-    def chunk_grads(start, kernel_chunk, is_number_chunk):
-        """`(d hidden, d kernel_chunk)` of this chunk's logits' share of the statistics."""
-        width = kernel_chunk.shape[1]
-        logits = _dot(h, kernel_chunk, ((1,), (0,)))
-        columns = start + jnp.arange(width)
-        d_logits = jnp.where(is_number_chunk[None, :], 0.0, g_rest[:, None] * jnp.exp(logits - shift))
-        d_logits += jnp.where(columns[None, :] == targets[:, None], g_target[:, None], 0.0)
-        if with_sum:
-            d_logits += g_sum[:, None]
-        # The number tokens inside this chunk: a [n, width] one-hot (zero rows outside).
-        d_logits += _dot(g_numbers, jax.nn.one_hot(ids - start, width, dtype=jnp.float32), ((1,), (0,)))
-        # As the unfused path does: the logits' gradient in the logits' dtype.
-        d_logits = d_logits.astype(jnp.result_type(h, kernel))
-        d_h = _dot(d_logits, kernel_chunk, ((1,), (1,)))
-        d_kernel = _dot(h, d_logits, ((0,), (0,))).astype(kernel.dtype)
-        return d_h, d_kernel
+        def local(h, kernel, targets, ids, rest_lse, cotangents):
+            d_h, d_kernel = _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
+                                         shards.vocab_axis, shards.batch_axes)
+            # Each shard's columns add to every token's gradient.
+            return jax.lax.psum(d_h, shards.vocab_axis), d_kernel
 
-    def body(i, carry):
-        d_h, d_kernel = carry
-        start = i * chunk
-        kernel_chunk = _kernel_chunk(kernel, start, chunk)
-        is_number_chunk = jax.lax.dynamic_slice_in_dim(is_number, start, chunk)
-        d_h_chunk, d_kernel_chunk = chunk_grads(start, kernel_chunk, is_number_chunk)
-        return d_h + d_h_chunk, jax.lax.dynamic_update_slice_in_dim(d_kernel, d_kernel_chunk, start, axis=1)
-
-    carry = (jnp.zeros(h.shape, jnp.float32), jnp.zeros_like(kernel))
-    d_h, d_kernel = jax.lax.fori_loop(0, full, body, carry)
-    if rest:
-        start = full * chunk
-        d_h_chunk, d_kernel_chunk = chunk_grads(start, kernel[:, start:], is_number[start:])
-        d_h = d_h + d_h_chunk
-        d_kernel = jax.lax.dynamic_update_slice_in_dim(d_kernel, d_kernel_chunk, start, axis=1)
+        d_h, d_kernel = jax.shard_map(
+            local, mesh=shards.mesh, in_specs=(rows, columns, tokens, replicated, tokens,
+                                               (tokens, tokens, tokens, rows)),
+            out_specs=(rows, columns), check_vma=False,
+        )(h, kernel, targets, ids, rest_lse, cotangents)
     return d_h.astype(h.dtype), d_kernel, None, None
 
 
@@ -219,6 +316,8 @@ def fused_cross_entropy_and_ntl(
     decoder_segment_ids=None,
     decoder_positions=None,
     chunk_size: int | None = None,
+    vocab_axis: str | None = None,
+    mesh=None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`cross_entropy_and_ntl(hidden @ kernel, ...)` without the logits in memory.
 
@@ -241,8 +340,21 @@ def fused_cross_entropy_and_ntl(
       weights, ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
       loss_normalizing_factor, decoder_segment_ids, decoder_positions: exactly as in
         `cross_entropy_and_ntl`.
-      chunk_size: vocabulary columns per chunk; None picks about 8M logits per chunk
-        (`default_chunk_size`). Any size works; the last chunk may be narrower.
+      chunk_size: vocabulary columns per chunk (per device when sharded); None picks
+        about 8M logits per chunk (`default_chunk_size`), and with `vocab_axis` the
+        same number of chunks, each over a device's share of the columns and tokens.
+        Any size works.
+      vocab_axis: the name of the mesh axis the kernel's columns are sharded over
+        (T5X: `"model"`), for vocabulary-parallel training: each device streams only
+        its own columns, the per-token statistics are combined across the axis (a
+        maximum and a sum), the `d_model x n` number-token columns are summed to every
+        device, and the backward pass writes each device's slice of the kernel's
+        gradient; the kernel is never gathered. The mesh's other axes shard the tokens
+        (hidden states on the batch axis). The vocabulary must divide by the axis size.
+        None (default): no mesh needed; under `jit` with sharded inputs XLA partitions
+        the computation itself, gathering the kernel.
+      mesh: the `jax.sharding.Mesh` for `vocab_axis`; None takes the mesh in context
+        (`with mesh:`, as T5X's partitioner runs, or `jax.set_mesh`).
 
     Mixed dtypes are promoted (`jnp.result_type(hidden, kernel)`); products accumulate
     in float32 and no float32 `[batch, length, vocab]` array is formed.
@@ -267,7 +379,7 @@ def fused_cross_entropy_and_ntl(
     )
     head, targets, _ = fused_head_stats(
         hidden, kernel, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        chunk_size=chunk_size,
+        chunk_size=chunk_size, shards=vocab_shards(vocab_axis, mesh, jnp.shape(kernel)[1], jnp.shape(hidden)[0]),
     )
     return objective.objective_from_head(
         head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
@@ -275,13 +387,65 @@ def fused_cross_entropy_and_ntl(
     )
 
 
+def _context_mesh():
+    """The mesh in context, or None: `jax.set_mesh`'s, else a `with mesh:` block's."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        return mesh
+    from jax._src import mesh as mesh_lib  # `with mesh:` (T5X's partitioner) sets only this
+
+    physical = mesh_lib.thread_resources.env.physical_mesh
+    return None if physical.empty else physical
+
+
+def vocab_shards(vocab_axis, mesh, vocab: int, batch: int) -> VocabShards | None:
+    """The `VocabShards` for a kernel of `vocab` columns sharded over mesh axis
+    `vocab_axis` and `batch` sequences sharded over the mesh's other axes; None when
+    `vocab_axis` is None or the mesh is a single device.
+
+    Raises:
+      ValueError: for an axis the mesh does not have, no mesh, a vocabulary the axis
+        size does not divide, or a batch the other axes' sizes do not divide.
+    """
+    if vocab_axis is None:
+        if mesh is not None:
+            raise ValueError("expected vocab_axis (the mesh axis sharding the kernel's columns) with mesh, got None")
+        return None
+    mesh = _context_mesh() if mesh is None else mesh
+    if mesh is None:
+        raise ValueError(
+            f"vocab_axis={vocab_axis!r} needs a device mesh: pass mesh=, or call inside `with mesh:` or jax.set_mesh"
+        )
+    sizes = dict(mesh.shape)
+    if vocab_axis not in sizes:
+        raise ValueError(f"expected vocab_axis to name an axis of the mesh {tuple(sizes)}, got {vocab_axis!r}")
+    if math.prod(sizes.values()) == 1:
+        return None
+    shards = sizes[vocab_axis]
+    if vocab % shards:
+        raise ValueError(
+            f"expected a vocabulary (kernel columns) divisible by the {shards} shards of mesh axis {vocab_axis!r}, "
+            f"got {vocab}; pad the kernel's columns to a multiple of {shards} (T5X rounds vocabularies up to a "
+            "multiple of 128; ids beyond the vocabulary are no numbers)"
+        )
+    batch_axes = tuple(axis for axis in sizes if axis != vocab_axis and sizes[axis] > 1)
+    batch_shards = math.prod(sizes[axis] for axis in batch_axes)
+    if batch % batch_shards:
+        raise ValueError(
+            f"expected a batch divisible by the {batch_shards} shards of mesh axes {batch_axes} (the axes other "
+            f"than vocab_axis shard the tokens), got {batch}"
+        )
+    return VocabShards(mesh, vocab_axis, batch_axes)
+
+
 def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberTokens, *, label_smoothing, reweigh,
-                     chunk_size=None, with_top=False):
+                     chunk_size=None, with_top=False, shards: VocabShards | None = None):
     """`(HeadStats, targets, top_ids)` of the logits `hidden @ kernel` under resolved
     `weights`, streamed over vocabulary chunks (see the module docstring): the targets
     come back -1 at ignored positions (weight 0, or outside the kernel's vocabulary);
     `top_ids` `[batch, length]` is the argmax over the vocabulary with `with_top`,
-    else None. Inputs are checked (`check_fused_inputs`).
+    else None. With `shards` (`vocab_shards`), vocabulary-parallel over its mesh.
+    Inputs are checked (`check_fused_inputs`).
     """
     dtype = jnp.result_type(hidden, kernel)
     kernel = jnp.asarray(kernel, dtype)
@@ -292,10 +456,16 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
     targets = jnp.where(keep, targets, -1)
     hidden = jnp.where(keep[..., None], jnp.asarray(hidden, dtype), jnp.zeros((), dtype))
     batch, length, d_model = hidden.shape
-    chunk = default_chunk_size(batch * length, vocab) if chunk_size is None else min(int(chunk_size), vocab)
+    vocab_shards_count = 1 if shards is None else dict(shards.mesh.shape)[shards.vocab_axis]
+    width = vocab // vocab_shards_count
+    if chunk_size is None:
+        # Sharded: as many chunks as one device would stream, each over this device's
+        # share of the columns (and of the tokens), so per-device memory shrinks with the mesh.
+        chunk_size = max(default_chunk_size(batch * length, vocab) // vocab_shards_count // 128 * 128, 128)
+    chunk = min(int(chunk_size), width)
     rest_lse, target_logit, logit_sum, number_logits, top_id = _vocab_stats(
         hidden.reshape(batch * length, d_model), kernel, jnp.maximum(targets, 0).reshape(-1),
-        jnp.asarray(number_tokens.ids), chunk, label_smoothing > 0, with_top,
+        jnp.asarray(number_tokens.ids), chunk, label_smoothing > 0, with_top, shards,
     )
     shape = (batch, length)
     number_logits = number_logits.reshape(shape + (-1,))
