@@ -1,0 +1,94 @@
+"""The vocabulary-parallel fused head (`vocab_axis`) on 8 host CPU devices equals the
+one-device function, gathers no kernel, and needs less memory per device.
+
+`tests/vocab_parallel_check.py` runs in a subprocess (the device count is fixed when
+JAX initialises) and prints one JSON line per check.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# float32: the sharded path sums the vocabulary's exponentials per shard, then across
+# shards, and the kernel's gradient per token shard, then across them: a few hundred
+# ulps of the largest value, as tests/test_fused.py allows the fused path.
+RTOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env.pop("XLA_FLAGS", None)
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "vocab_parallel_check.py")], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-5000:]
+    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    by_check = {}
+    for row in rows:
+        by_check.setdefault(row.pop("check"), []).append(row)
+    return by_check
+
+
+def test_every_variant_over_2_4_and_8_vocabulary_shards(results):
+    rows = results["variant"]
+    assert {row["shards"] for row in rows} == {2, 4, 8}
+    assert len(rows) == 10 + 10 + 3
+    for row in rows:
+        assert row["error"] <= RTOL, row
+
+
+def test_every_loss_normalizing_factor_packed_or_not(results):
+    rows = results["factor"]
+    assert len(rows) == 10
+    for row in rows:
+        assert row["error"] <= RTOL, row
+
+
+def test_default_and_wide_chunks(results):
+    rows = results["chunk"]
+    assert len(rows) == 6
+    for row in rows:
+        assert row["error"] <= RTOL, row
+
+
+def test_bfloat16_and_the_argmax_across_shards(results):
+    (row,) = results["bfloat16"]
+    # bf16 inputs, float32 accumulation on both sides: the loss agrees to float32
+    # rounding; the gradients come back in bf16 (a bf16 ulp is 2**-8 relative).
+    assert row["error"] <= RTOL, row
+    assert row["grad_error"] <= 2**-7, row
+    assert row["dtypes"] == ["bfloat16", "bfloat16"]
+    (row,) = results["argmax"]
+    assert row["equal"], "the sharded argmax (ties across shards included) differs from jnp.argmax"
+
+
+def test_the_mesh_in_context(results):
+    rows = {row["name"]: row for row in results["context"]}
+    assert set(rows) == {"with mesh", "jax.set_mesh"}
+    for row in rows.values():
+        assert row["error"] <= RTOL, row
+
+
+def test_bad_layouts_are_named(results):
+    rows = {row["name"]: row["message"] for row in results["error"]}
+    assert "divisible by the 4 shards of mesh axis 'model', got 130" in rows["indivisible"]
+    assert "pad the kernel's columns to a multiple of 4" in rows["indivisible"]
+    assert "axis of the mesh ('data', 'model'), got 'vocab'" in rows["unknown axis"]
+    assert "needs a device mesh" in rows["no mesh"]
+    assert "expected vocab_axis" in rows["mesh without axis"]
+    assert "batch divisible by the 2 shards of mesh axes ('data',)" in rows["indivisible batch"]
+
+
+def test_no_kernel_is_gathered_and_per_device_memory_halves(results):
+    """hidden [8, 1024, 512] bf16 on `data`, kernel [512, 128256] bf16 on `model`, 2 x 4."""
+    (row,) = results["scale"]
+    # Left to XLA, the sharded function gathers the whole kernel (so the count can fail) ...
+    assert row["automatic"]["gathered_with_d_model"] >= 512 * 128256, row
+    # ... vocabulary-parallel, nothing is gathered.
+    assert row["vocab_parallel"]["gathered_elements"] == 0, row
+    assert row["vocab_parallel"]["temp_bytes"] <= 0.5 * row["one_device"]["temp_bytes"], row
