@@ -1,6 +1,8 @@
 """Forward+backward time and peak memory of cross-entropy alone vs cross-entropy + NTL.
 
-Measures, for each logits shape and dtype, the jitted `value_and_grad` (gradient with
+Two usages, each its own table (`--usage objective|standalone|both`, default both).
+
+Objective: for each logits shape and dtype, the jitted `value_and_grad` (gradient with
 respect to the logits) of
 
 - `ce`: `ntl_jax.cross_entropy_and_ntl(..., ntl_kind="none")`, the reference;
@@ -14,35 +16,53 @@ matching), forward+backward with autograd. All variants of one shape/dtype run
 interleaved (round-robin, start rotated every round) so load changes on a shared machine
 hit them alike; each row reports the median over rounds of the per-round time ratio.
 
-Peak memory of a JAX variant is XLA's compiled memory analysis (arguments + outputs +
-temporaries - aliased), reported as a ratio vs `ce`.
+Standalone ("optax CE + standalone loss"): the losses as many users call them, inside
+their own step next to their own cross-entropy, with a weights mask (about 10% zeros):
 
-    python benchmarks/loss_overhead.py                 # full run (~10 min on 2 cores)
+- `optax_ce`: `mean(optax.softmax_cross_entropy_with_integer_labels(lg, t))`, the reference;
+- `was` / `was+rw`: `optax_ce + 0.3 * ntl_jax.ntl_was(lg, t, nt, weights=w, reduction="mean")`;
+- `mse`, `mae`, `huber` (and `+rw`): the same with `ntl_jax.ntl_dot(..., loss=kind)`;
+- `number_level` (and `+rw`): the same with `ntl_jax.number_level_loss(...)`.
+
+Targets and weights are arguments of the jitted function (not closed over, which would let
+XLA constant-fold parts of the gradient). With `--usage both`, the variants of both tables
+run interleaved in the same rounds; each table's ratios are against its own reference.
+
+Peak memory of a JAX variant is XLA's compiled memory analysis (arguments + outputs +
+temporaries - aliased), reported as a ratio vs the table's reference.
+
+    python benchmarks/loss_overhead.py                 # full run (~15 min on 2 cores)
     python benchmarks/loss_overhead.py --quick         # tiny shapes, a few seconds
     python benchmarks/loss_overhead.py --shapes 8x64x32128 --dtypes f32 --repeats 20
+    python benchmarks/loss_overhead.py --usage standalone --out results/overhead.json
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 KINDS = ("was", "mse", "mae", "huber", "number_level")
+USAGES = ("objective", "standalone")
 DEFAULT_SHAPES = "8x64x32128,32x128x32128"
 QUICK_SHAPES = "2x8x64"
 NTL_WEIGHT = 0.3
 # Share of target positions that are digits: the NTL terms are computed at every
 # position in ntl_jax (masks), but only at digit positions in ntloss (boolean indexing).
 DIGIT_SHARE = 0.5
+# Share of positions the standalone usage's weights mask out (padding, prompt tokens).
+MASKED_SHARE = 0.1
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -93,6 +113,12 @@ def make_inputs(shape, seed=0):
     return logits, targets
 
 
+def make_weights(shape, seed=0):
+    """A [batch, length] float32 mask with about MASKED_SHARE zeros."""
+    rng = np.random.default_rng(seed + 1)
+    return (rng.uniform(size=shape[:2]) >= MASKED_SHARE).astype(np.float32)
+
+
 # -- JAX variants ---------------------------------------------------------------------
 
 
@@ -123,17 +149,64 @@ def jax_variants(number_tokens) -> dict[str, Callable]:
     return variants
 
 
-def compiled_step(loss_fn, logits, targets):
-    """(compiled value_and_grad w.r.t. logits, peak bytes from XLA's memory analysis)."""
+def standalone_variants(number_tokens) -> dict[str, Callable]:
+    """name -> scalar loss(logits, targets, weights): the user's own optax cross-entropy,
+    plus 0.3 x a standalone ntl_jax loss."""
+    import jax.numpy as jnp
+    import optax
+
+    import ntl_jax
+
+    def ce(logits, targets, weights):
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
+
+    def plus(kind, reweigh):
+        if kind == "was":
+            def ntl(lg, t, w):
+                return ntl_jax.ntl_was(lg, t, number_tokens, weights=w, reweigh=reweigh, reduction="mean")
+        elif kind == "number_level":
+            def ntl(lg, t, w):
+                return ntl_jax.number_level_loss(lg, t, number_tokens, weights=w, reweigh=reweigh,
+                                                 reduction="mean")
+        else:
+            def ntl(lg, t, w):
+                return ntl_jax.ntl_dot(lg, t, number_tokens, weights=w, loss=kind, reweigh=reweigh,
+                                       reduction="mean")
+
+        def loss(logits, targets, weights):
+            return ce(logits, targets, weights) + NTL_WEIGHT * ntl(logits, targets, weights)
+
+        return loss
+
+    variants = {"optax_ce": ce}
+    for kind in KINDS:
+        for reweigh in (False, True):
+            variants[kind + ("+rw" if reweigh else "")] = plus(kind, reweigh)
+    return variants
+
+
+def lowered_step(loss_fn, logits, *rest):
+    """value_and_grad w.r.t. logits, jitted and lowered; `rest` (targets, weights) are
+    arguments of the jitted function, not constants."""
     import jax
 
-    compiled = jax.jit(jax.value_and_grad(loss_fn)).lower(logits, targets).compile()
+    return jax.jit(jax.value_and_grad(loss_fn)).lower(logits, *rest)
+
+
+def compile_lowered(lowered):
+    """(compiled step, peak bytes from XLA's memory analysis)."""
+    compiled = lowered.compile()
     mem = compiled.memory_analysis()
     peak = None
     if mem is not None:
         peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
                 - mem.alias_size_in_bytes)
     return compiled, peak
+
+
+def compiled_step(loss_fn, logits, *rest):
+    """(compiled value_and_grad w.r.t. logits, peak bytes from XLA's memory analysis)."""
+    return compile_lowered(lowered_step(loss_fn, logits, *rest))
 
 
 # -- ntloss + torch variants ------------------------------------------------------------
@@ -204,7 +277,13 @@ def median_ratio(num: Runner, den: Runner) -> float | None:
     return statistics.median(a / b for a, b in zip(num.times, den.times))
 
 
-def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0):
+# Runner keys are "<prefix>:<variant>"; one prefix per table (and one for torch + ntloss).
+PREFIX = {"objective": "jax", "standalone": "std"}
+
+
+def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, usages=("objective",)):
+    """Runners ("jax:<name>", "std:<name>", "ntloss:<name>") timed interleaved, peak bytes
+    of the JAX ones (same keys) and the number of rounds."""
     import jax
     import jax.numpy as jnp
 
@@ -216,13 +295,24 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0):
     jdtype = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype_name]
     logits = jnp.asarray(logits_np).astype(jdtype)
     targets = jnp.asarray(targets_np, jnp.int32)
+    weights = jnp.asarray(make_weights(shape))
 
     runners: dict[str, Runner] = {}
     peaks: dict[str, int | None] = {}
     compile_start = time.perf_counter()
-    for name, fn in jax_variants(number_tokens).items():
-        compiled, peaks[name] = compiled_step(fn, logits, targets)
-        runners["jax:" + name] = Runner(name, lambda c=compiled: jax.block_until_ready(c(logits, targets)))
+    lowered = {}  # key -> (name, lowered step, its arguments)
+    for usage in usages:
+        variants = jax_variants(number_tokens) if usage == "objective" else standalone_variants(number_tokens)
+        args = (logits, targets) if usage == "objective" else (logits, targets, weights)
+        for name, fn in variants.items():
+            lowered[f"{PREFIX[usage]}:{name}"] = (name, lowered_step(fn, *args), args)
+    # XLA compiles outside the GIL: a thread per CPU shortens the (untimed) compile phase.
+    workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        compiled = dict(zip(lowered, pool.map(compile_lowered, [low for _, low, _ in lowered.values()])))
+    for key, (name, _, args) in lowered.items():
+        step, peaks[key] = compiled[key]
+        runners[key] = Runner(name, lambda c=step, a=args: jax.block_until_ready(c(*a)))
     log(f"  compiled {len(peaks)} JAX variants in {time.perf_counter() - compile_start:.1f}s")
 
     if with_ntloss:
@@ -244,6 +334,12 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0):
         for name, fn in torch_variants(tokenizer).items():
             runners["ntloss:" + name] = Runner(name, torch_call(fn))
 
+    repeats = interleave(runners, repeats, budget_s, log)
+    return runners, peaks, repeats
+
+
+def interleave(runners: dict[str, Runner], repeats, budget_s, log) -> int:
+    """Time every runner once per round, in a fresh random order; returns the rounds run."""
     order = list(runners)
     for runner in runners.values():  # warm-up (and first-call costs) outside the timing
         runner.once()
@@ -261,47 +357,74 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0):
         for key in rng.permutation(order):
             runners[key].once()
         rounds += 1
-    repeats = rounds
-    log(f"  {repeats} interleaved rounds of {len(order)} variants in {time.perf_counter() - start:.1f}s")
-    return runners, peaks, repeats
+    log(f"  {rounds} interleaved rounds of {len(order)} variants in {time.perf_counter() - start:.1f}s")
+    return rounds
 
 
-def format_table(shape, dtype_name, runners, peaks, repeats) -> str:
-    ce = runners["jax:ce"]
-    ce_peak = peaks["ce"]
-    with_torch = "ntloss:ce" in runners
-    header = ["variant", "time / CE", "median ms", "peak mem / CE", "peak MiB"]
+def table_rows(usage, runners, peaks, repeats) -> list[dict]:
+    """One dict per JAX variant of `usage`: ratios vs the usage's reference (`ce` for the
+    objective, `optax_ce` standalone); objective rows carry the torch + ntloss times too."""
+    prefix = PREFIX[usage]
+    ref_key = f"{prefix}:" + ("ce" if usage == "objective" else "optax_ce")
+    ref, ref_peak = runners[ref_key], peaks[ref_key]
+    rows = []
+    for key, runner in runners.items():
+        if not key.startswith(prefix + ":"):
+            continue
+        peak = peaks[key]
+        row = {
+            "usage": usage,
+            "variant": runner.name,
+            "reference": ref.name,
+            "time_ratio": median_ratio(runner, ref),
+            "median_ms": statistics.median(runner.times) * 1e3 if runner.times else None,
+            "peak_ratio": None if peak is None or not ref_peak else peak / ref_peak,
+            "peak_bytes": peak,
+            "rounds": repeats,
+            "error": runner.error,
+        }
+        other = runners.get("ntloss:" + runner.name) if usage == "objective" else None
+        if other is not None:
+            row["torch_ntloss_ms"] = statistics.median(other.times) * 1e3 if other.times else None
+            row["torch_ntloss_vs_ntl_jax"] = median_ratio(other, runner)
+            row["torch_ntloss_error"] = other.error
+        rows.append(row)
+    return rows
+
+
+def format_table(shape, dtype_name, runners, peaks, repeats, usage="objective") -> str:
+    rows = table_rows(usage, runners, peaks, repeats)
+    with_torch = usage == "objective" and "ntloss:ce" in runners
+    if usage == "objective":
+        title = f"### logits {list(shape)} {dtype_name} ({repeats} rounds)"
+        header = ["variant", "time / CE", "median ms", "peak mem / CE", "peak MiB"]
+    else:
+        title = f"### optax CE + standalone loss: logits {list(shape)} {dtype_name} ({repeats} rounds)"
+        header = ["variant", "time / optax CE", "median ms", "peak mem / optax CE", "peak MiB"]
     if with_torch:
         header += ["torch(+ntloss) ms", "torch(+ntloss) / ntl_jax"]
     lines = [
-        f"### logits {list(shape)} {dtype_name} ({repeats} rounds)",
+        title,
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
     ]
-    for key, runner in runners.items():
-        if not key.startswith("jax:"):
-            continue
-        name = runner.name
-        ratio = median_ratio(runner, ce)
-        ms = statistics.median(runner.times) * 1e3 if runner.times else float("nan")
-        peak = peaks[name]
+    for row in rows:
+        ratio, ms, peak = row["time_ratio"], row["median_ms"], row["peak_bytes"]
         cells = [
-            name,
+            row["variant"],
             "—" if ratio is None else f"{ratio:.3f}",
-            f"{ms:.1f}",
-            "n/a" if peak is None or not ce_peak else f"{peak / ce_peak:.3f}",
+            "nan" if ms is None else f"{ms:.1f}",
+            "n/a" if row["peak_ratio"] is None else f"{row['peak_ratio']:.3f}",
             "n/a" if peak is None else f"{peak / 2**20:.1f}",
         ]
         if with_torch:
-            other = runners.get("ntloss:" + name)
-            if other is None:
+            if "torch_ntloss_ms" not in row:
                 cells += ["—", "—"]
-            elif other.error:
-                cells += [f"failed ({other.error})", "—"]
+            elif row["torch_ntloss_error"]:
+                cells += [f"failed ({row['torch_ntloss_error']})", "—"]
             else:
-                speed = median_ratio(other, runner)
-                cells += [f"{statistics.median(other.times) * 1e3:.1f}", f"{speed:.2f}"]
+                cells += [f"{row['torch_ntloss_ms']:.1f}", f"{row['torch_ntloss_vs_ntl_jax']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -330,6 +453,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ntloss-dtypes", default="f32",
                         help="dtypes for which torch + ntloss also run (default f32: bf16 on CPU "
                              "is slow in torch and NTLossDotProduct with Huber fails in bf16)")
+    parser.add_argument("--usage", choices=("objective", "standalone", "both"), default="both",
+                        help="objective: cross_entropy_and_ntl vs its CE-only setting; standalone: "
+                             "optax CE + a standalone ntl_jax loss vs optax CE alone; both (default): "
+                             "two tables, all variants interleaved in the same rounds")
+    parser.add_argument("--out", default=None, metavar="FILE.json",
+                        help="also write every measured row (both tables) to this JSON file")
     parser.add_argument("--quick", action="store_true", help=f"tiny shapes ({QUICK_SHAPES}) for a smoke run")
     parser.add_argument("--no-ntloss", action="store_true", help="skip the torch + ntloss comparison")
     parser.add_argument("--threads", type=int, default=None,
@@ -352,17 +481,20 @@ def run(argv=None) -> int:
 
     import jax
 
+    usages = USAGES if args.usage == "both" else (args.usage,)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    with_ntloss = not args.no_ntloss and ntloss_available()
+    # torch + ntloss is compared with the objective table only.
+    with_ntloss = "objective" in usages and not args.no_ntloss and ntloss_available()
     threads = args.threads or cpus
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    date = datetime.datetime.now().isoformat(timespec="seconds")
+    machine = f"{cpu_model()}, nproc {os.cpu_count()}, usable CPUs {cpus}"
     print("## NTL overhead: forward+backward (gradient w.r.t. logits), jitted\n")
-    print(f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}")
-    print(f"- machine: {cpu_model()}, nproc {os.cpu_count()}, usable CPUs {cpus}, "
-          f"load average {os.getloadavg()[0]:.2f} at start")
+    print(f"- date: {date}")
+    print(f"- machine: {machine}, load average {os.getloadavg()[0]:.2f} at start")
     print(f"- jax {jax.__version__} on {jax.devices()[0].platform} "
           f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
     if with_ntloss:
@@ -372,23 +504,46 @@ def run(argv=None) -> int:
         torch.set_num_threads(threads)
         print(f"- torch {torch.__version__} ({torch.get_num_threads()} intra-op threads), "
               f"ntloss {getattr(ntloss, '__version__', '0.3.2')}")
-    else:
+    elif "objective" in usages:
         print("- torch + ntloss comparison: skipped" + (" (--no-ntloss)" if args.no_ntloss else " (not installed)"))
     if with_ntloss:
         print(f"- torch + ntloss run for: {', '.join(ntloss_dtypes) or 'none'}")
-    print(f"- objective: CE (sum) + {NTL_WEIGHT} x NTL (sum); {int(DIGIT_SHARE * 100)}% of targets are digits; "
-          "time / CE and torch / ntl_jax are medians of per-round ratios; every round runs all "
-          "variants once in a fresh random order")
+    print(f"- {int(DIGIT_SHARE * 100)}% of targets are digits; time ratios"
+          + (" (and torch / ntl_jax)" if with_ntloss else "")
+          + " are medians of per-round ratios; every round runs all variants"
+          + (" (of all tables)" if len(usages) > 1 else "") + " once in a fresh random order")
+    if "objective" in usages:
+        print(f"- objective table: cross_entropy_and_ntl, CE (sum) + {NTL_WEIGHT} x NTL (sum), vs "
+              'ntl_kind="none"')
+    if "standalone" in usages:
+        print(f"- standalone table: mean optax CE + {NTL_WEIGHT} x ntl_was / ntl_dot / number_level_loss "
+              f'(weights=mask with {int(MASKED_SHARE * 100)}% zeros, reduction="mean") vs mean optax CE; '
+              "targets and weights are jit arguments")
     print("- peak mem: XLA compiled memory analysis (arguments + outputs + temporaries)\n")
     sys.stdout.flush()
 
+    rows = []
     for shape in shapes:
         for dtype_name in dtypes:
             repeats = 3 if args.quick and args.repeats is None else args.repeats
             log(f"logits {list(shape)} {dtype_name}")
             runners, peaks, repeats = measure_config(
-                shape, dtype_name, repeats, with_ntloss and dtype_name in ntloss_dtypes, log, args.budget)
-            print(format_table(shape, dtype_name, runners, peaks, repeats) + "\n", flush=True)
+                shape, dtype_name, repeats, with_ntloss and dtype_name in ntloss_dtypes, log, args.budget,
+                usages)
+            for usage in usages:
+                print(format_table(shape, dtype_name, runners, peaks, repeats, usage) + "\n", flush=True)
+                rows += [{"shape": "x".join(map(str, shape)), "dtype": dtype_name, **row,
+                          "date": date, "jax": jax.__version__, "machine": machine}
+                         for row in table_rows(usage, runners, peaks, repeats)]
+    if args.out:
+        # date / jax / machine also in every row, so files of split runs can be merged.
+        payload = {"date": date, "jax": jax.__version__, "device": jax.devices()[0].platform,
+                   "machine": machine, "ntl_weight": NTL_WEIGHT, "digit_share": DIGIT_SHARE,
+                   "masked_share": MASKED_SHARE, "rows": rows}
+        with open(args.out, "w") as f:
+            json.dump(payload, f, indent=1)
+            f.write("\n")
+        log(f"wrote {len(rows)} rows to {args.out}")
     return 0
 
 

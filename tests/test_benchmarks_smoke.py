@@ -1,10 +1,13 @@
-"""Smoke test of benchmarks/loss_overhead.py: its --quick mode prints a full table.
+"""Smoke test of benchmarks/loss_overhead.py: its --quick mode prints both full tables
+(the cross_entropy_and_ntl objective and optax CE + the standalone losses) and writes them
+as JSON.
 
-Times are not checked (no timing asserts); the peak-memory ratio of the reference row is.
+Times are not checked (no timing asserts); the peak-memory ratio of the reference rows is.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -14,18 +17,24 @@ import pytest
 pytest.importorskip("optax")
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "loss_overhead.py"
-VARIANTS = ["ce", "optax_ce"] + [
-    kind + suffix for kind in ("was", "mse", "mae", "huber", "number_level") for suffix in ("", "+rw")
-]
+NTL_VARIANTS = [kind + suffix for kind in ("was", "mse", "mae", "huber", "number_level") for suffix in ("", "+rw")]
+VARIANTS = ["ce", "optax_ce"] + NTL_VARIANTS
+STANDALONE_VARIANTS = ["optax_ce"] + NTL_VARIANTS
+OBJECTIVE_TITLE = "### logits [2, 8, 64] f32 (2 rounds)"
+STANDALONE_TITLE = "### optax CE + standalone loss: logits [2, 8, 64] f32 (2 rounds)"
 
 
-def _table_rows(text: str) -> dict[str, list[str]]:
-    rows = {}
+def _tables(text: str) -> dict[str, dict[str, list[str]]]:
+    """Table title ("### ...") -> {variant: the row's other cells}; header rows left out."""
+    tables: dict[str, dict[str, list[str]]] = {}
+    rows: dict[str, list[str]] = {}
     for line in text.splitlines():
+        if line.startswith("### "):
+            rows = tables.setdefault(line, {})
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and cells[0] not in ("variant",):
+        if line.startswith("| ") and cells[0] != "variant":
             rows[cells[0]] = cells[1:]
-    return rows
+    return tables
 
 
 def _has_ntloss() -> bool:
@@ -39,17 +48,20 @@ def _has_ntloss() -> bool:
     return True
 
 
-def test_quick_run_prints_a_row_per_variant():
+def test_quick_run_prints_a_row_per_variant(tmp_path):
     # With ntloss installed the torch comparison runs too (tiny shapes, still quick).
     with_ntloss = _has_ntloss()
+    out = tmp_path / "overhead.json"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--dtypes", "f32", "--repeats", "2"]
+        [sys.executable, str(SCRIPT), "--quick", "--dtypes", "f32", "--repeats", "2", "--out", str(out)]
         + ([] if with_ntloss else ["--no-ntloss"]),
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert "### logits [2, 8, 64] f32 (2 rounds)" in result.stdout
-    rows = _table_rows(result.stdout)
+    tables = _tables(result.stdout)
+    assert list(tables) == [OBJECTIVE_TITLE, STANDALONE_TITLE]
+
+    rows = tables[OBJECTIVE_TITLE]
     assert list(rows) == VARIANTS
     assert rows["ce"][0] == "1.000"  # time / CE of CE itself
     assert rows["ce"][2] == "1.000"  # peak memory / CE of CE itself
@@ -58,6 +70,22 @@ def test_quick_run_prints_a_row_per_variant():
         assert float(cells[0]) > 0 and float(cells[1]) > 0 and float(cells[2]) > 0
         if with_ntloss and name != "optax_ce":  # optax has no torch counterpart
             assert float(cells[4]) > 0 and float(cells[5]) > 0, (name, cells)
+
+    assert "| variant | time / optax CE | median ms | peak mem / optax CE | peak MiB |" in result.stdout
+    rows = tables[STANDALONE_TITLE]
+    assert list(rows) == STANDALONE_VARIANTS
+    assert rows["optax_ce"][0] == "1.000" and rows["optax_ce"][2] == "1.000"
+    for name, cells in rows.items():
+        assert len(cells) == 4, (name, cells)  # no torch columns
+        assert float(cells[0]) > 0 and float(cells[1]) > 0 and float(cells[2]) > 0
+
+    written = json.loads(out.read_text())
+    assert [(r["usage"], r["variant"]) for r in written["rows"]] == (
+        [("objective", v) for v in VARIANTS] + [("standalone", v) for v in STANDALONE_VARIANTS])
+    for row in written["rows"]:
+        assert row["shape"] == "2x8x64" and row["dtype"] == "f32" and row["rounds"] == 2
+        assert row["time_ratio"] > 0 and row["median_ms"] > 0 and row["peak_ratio"] > 0
+        assert row["date"] and row["jax"] and row["machine"]
 
 
 def test_bad_shape_is_rejected():
