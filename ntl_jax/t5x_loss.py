@@ -227,12 +227,19 @@ def model_loss_from_hidden(
     z_loss: float = 0.0,
     loss_normalizing_factor=None,
     chunk_size: Optional[int] = None,
+    vocab_axis: Optional[str] = None,
 ) -> ModelLoss:
     """`model_loss(hidden @ kernel, ...)` without forming the logits
     (`ntl_jax.fused_cross_entropy_and_ntl`'s streaming; the same values to float32
     rounding). The stock accuracy metric gets, instead of the logits, two-column
     stand-ins whose argmax is 0 exactly where the vocabulary's argmax (computed in
-    the same stream) is the target, with all-zero targets (`accuracy_inputs`)."""
+    the same stream) is the target, with all-zero targets (`accuracy_inputs`).
+
+    `vocab_axis`: None (default), or the axis of the mesh in context (`with mesh:`,
+    as T5X's partitioner runs the step, or `jax.set_mesh`) that shards the kernel's
+    columns: vocabulary-parallel, each device streams its own columns and the kernel
+    is never gathered (`fused_cross_entropy_and_ntl`'s `vocab_axis`; the mesh's
+    other axes shard the batch)."""
     targets = batch["decoder_target_tokens"]
     objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
     fused.check_fused_inputs(hidden, kernel, targets, number_tokens, batch.get("decoder_loss_weights"), chunk_size)
@@ -241,6 +248,7 @@ def model_loss_from_hidden(
     head, clean_targets, top = fused.fused_head_stats(
         hidden, kernel, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
         chunk_size=chunk_size, with_top=True,
+        shards=fused.vocab_shards(vocab_axis, None, vocab, jnp.shape(hidden)[0]),
     )
     correct = (top == targets).astype(jnp.float32)
     accuracy_inputs = (jnp.stack([correct, 1.0 - correct], axis=-1), jnp.zeros_like(targets))
@@ -249,6 +257,30 @@ def model_loss_from_hidden(
         ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
         loss_normalizing_factor=loss_normalizing_factor, accuracy_inputs=accuracy_inputs,
     )
+
+
+def context_vocab_axis(vocab_axis: Optional[str]) -> Optional[str]:
+    """`vocab_axis` if the mesh in context (`with mesh:`, as T5X's partitioner runs the
+    step, or `jax.set_mesh`) has that axis with more than one device, else None (no
+    mesh, a mesh without the axis or with one device on it, or `vocab_axis` None):
+    whether the fused loss can run vocabulary-parallel over it."""
+    if vocab_axis is None:
+        return None
+    mesh = fused._context_mesh()
+    if mesh is None or dict(mesh.shape).get(vocab_axis, 1) <= 1:
+        return None
+    return vocab_axis
+
+
+def check_vocab_axis(vocab_axis, name: str = "fused_vocab_axis") -> None:
+    """Raises `TypeError`/`ValueError` unless `vocab_axis` is None or a mesh axis name
+    (a non-empty str)."""
+    if vocab_axis is None:
+        return
+    if not isinstance(vocab_axis, str):
+        raise TypeError(f"expected {name} None or the name of a mesh axis (a str such as 'model'), got {vocab_axis!r}")
+    if not vocab_axis:
+        raise ValueError(f"expected {name} None or the name of a mesh axis (such as 'model'), got an empty string")
 
 
 def _model_loss_from_head(head, clean_targets, weights, factor, batch, number_tokens, *, vocab, ntl_kind, ntl_weight,
@@ -294,7 +326,17 @@ class NTLLossMixin:
 
     Keyword arguments (the rest pass through to the base class): `ntl_weight`,
     `ntl_kind`, `reweigh`, `squash_factor`, `digit_level`, `fused_loss`,
-    `fused_chunk_size`; see `ntl_jax.t5x.models.NTLEncoderDecoderModel`.
+    `fused_chunk_size`, `fused_vocab_axis`; see
+    `ntl_jax.t5x.models.NTLEncoderDecoderModel`.
+
+    `fused_vocab_axis` (default `"model"`, the mesh axis of the vocabulary in T5X's
+    standard partitioning rules, `('vocab', 'model')`): with `fused_loss`, when the
+    mesh in context (T5X's `PjitPartitioner` runs the step inside `with mesh:`) has
+    this axis with more than one device, the loss is computed vocabulary-parallel over
+    it (`model_loss_from_hidden`'s `vocab_axis`): each device streams its own columns
+    of the logits kernel, which is never all-gathered. Without such a mesh, or with
+    None, the loss is computed as on one device (under a partitioner, XLA then
+    partitions it, gathering the kernel).
     """
 
     per_step_metric: Optional[Callable[..., Any]] = None
@@ -310,6 +352,7 @@ class NTLLossMixin:
         digit_level: bool = True,
         fused_loss: bool = False,
         fused_chunk_size: Optional[int] = None,
+        fused_vocab_axis: Optional[str] = "model",
         **kwargs,
     ):
         # The stock model's own arguments (module, vocabularies, ...) pass through.
@@ -325,6 +368,8 @@ class NTLLossMixin:
         fused.check_chunk_size(fused_chunk_size, "fused_chunk_size")
         self._fused_loss = bool(fused_loss)
         self._fused_chunk_size = fused_chunk_size
+        check_vocab_axis(fused_vocab_axis, "fused_vocab_axis")
+        self._fused_vocab_axis = fused_vocab_axis
 
     def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level):
         check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level)
@@ -359,7 +404,8 @@ class NTLLossMixin:
 
         With `fused_loss`, the network runs without its logits projection and the loss
         streams `hidden @ kernel` over vocabulary chunks (`model_loss_from_hidden`):
-        the `[batch, length, vocab]` logits are never formed."""
+        the `[batch, length, vocab]` logits are never formed; vocabulary-parallel over
+        `fused_vocab_axis` when the mesh in context shards it (`context_vocab_axis`)."""
         options = dict(
             label_smoothing=self._label_smoothing,
             z_loss=self._z_loss,
@@ -371,7 +417,8 @@ class NTLLossMixin:
                 hidden = self._compute_logits(params, batch, dropout_rng)
             hidden, kernel = flax_head.cast_like_projection(hidden, *flax_head.projection_kernel(params, heads))
             out = model_loss_from_hidden(
-                hidden, kernel, batch, self._number_tokens, chunk_size=self._fused_chunk_size, **options
+                hidden, kernel, batch, self._number_tokens, chunk_size=self._fused_chunk_size,
+                vocab_axis=context_vocab_axis(self._fused_vocab_axis), **options
             )
             logits, targets = out.accuracy_inputs
         else:

@@ -96,7 +96,18 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
         (`ntl_jax.fused_cross_entropy_and_ntl`); the same loss, gradients and metrics
         to float32 rounding. In gin: `NTLEncoderDecoderModel.fused_loss = True`.
       fused_chunk_size: vocabulary columns per chunk with `fused_loss` (None: about
-        8M logits per chunk).
+        8M logits per chunk; per device when vocabulary-parallel).
+      fused_vocab_axis: with `fused_loss`, the mesh axis the logits kernel's
+        vocabulary is sharded over; default `"model"`, as T5X's standard partitioning
+        rules map `vocab` to it. When the step runs under T5X's `PjitPartitioner`
+        (`num_partitions > 1`) and the mesh has this axis with more than one device,
+        the loss is vocabulary-parallel over it: each device streams only its own
+        kernel columns and the kernel is never all-gathered (the mesh's other axes
+        shard the batch; the vocabulary must divide by the axis size, which a
+        vocabulary padded to a multiple of 128 does for the usual partitions). On one
+        device, or with None, the loss is computed as without a mesh (under a
+        partitioner XLA then gathers the whole `[d_model, vocab]` kernel every step).
+        In gin: `NTLEncoderDecoderModel.fused_vocab_axis = None`.
 
     The number tokens come from `output_vocabulary`. Metrics: the stock ones (their
     mask is the effective weights, 0 where the target id is outside the logits'
