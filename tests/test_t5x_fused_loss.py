@@ -1,6 +1,19 @@
 """The NTL T5X models with `fused_loss=True`, without T5X: the network runs without its
 logits projection and the loss streams `hidden @ kernel`. Against the same fake model
-with `fused_loss=False`: loss, gradients and every metric."""
+with `fused_loss=False`: loss, gradients and every metric.
+
+Vocabulary-parallel (`vocab_axis`, the mixin's `fused_vocab_axis`) on a 2 x 4 mesh of 8
+host CPU devices: this module run as a script (`python -m tests.test_t5x_fused_loss`, in
+a subprocess, since the device count is fixed when JAX initialises) prints one JSON
+line per check, which `test_vocab_parallel_*` read.
+"""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -120,6 +133,9 @@ def test_the_fused_model_never_forms_the_logits():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(fused_loss="yes"), "fused_loss to be True or False"),
     (dict(fused_chunk_size=0), "fused_chunk_size None or a positive int"),
+    (dict(fused_vocab_axis=1), "fused_vocab_axis None or the name of a mesh axis"),
+    (dict(fused_vocab_axis=("model",)), "fused_vocab_axis None or the name of a mesh axis"),
+    (dict(fused_vocab_axis=""), "fused_vocab_axis None or the name of a mesh axis"),
 ])
 def test_bad_fused_options(kwargs, message):
     with pytest.raises((TypeError, ValueError), match=message):
@@ -140,3 +156,188 @@ def test_model_loss_from_hidden_equals_model_loss():
         for name, (total, count) in want.averages.items():
             np.testing.assert_allclose(got.averages[name][0], total, rtol=2e-5, atol=1e-7, err_msg=name)
             np.testing.assert_allclose(got.averages[name][1], count, err_msg=name)
+
+
+@pytest.mark.filterwarnings("ignore:.*with mesh.*:DeprecationWarning")  # as T5X's partitioner runs the step
+def test_no_usable_mesh_computes_as_on_one_device():
+    """No mesh, a one-device mesh or `fused_vocab_axis=None`: the loss as without a mesh."""
+    from jax.sharding import Mesh
+
+    assert t5x_loss.context_vocab_axis("model") is None
+    one_device = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
+    with one_device:
+        assert t5x_loss.context_vocab_axis("model") is None
+        assert t5x_loss.context_vocab_axis(None) is None
+    batch = make_batch(packed=True, seed=7)
+    module = TinyDecoder()
+    params = _params(module, batch)
+
+    def step(model):
+        return jax.jit(jax.value_and_grad(model.loss_fn, has_aux=True))(params, batch, None)
+
+    want = step(FlaxFakeModel(module=module, fused_loss=True, fused_chunk_size=5))
+    with one_device:
+        got = step(FlaxFakeModel(module=module, fused_loss=True, fused_chunk_size=5, fused_vocab_axis="model"))
+    assert jax.tree.all(jax.tree.map(lambda a, b: np.array_equal(a, b), got, want))
+
+
+# -- vocabulary-parallel on 8 host CPU devices (a subprocess) ---------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# As tests/test_vocab_parallel.py: sums per shard, then across shards, in float32.
+RTOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def vocab_parallel():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    run = subprocess.run([sys.executable, "-m", "tests.test_t5x_fused_loss"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-5000:]
+    by_check = {}
+    for line in run.stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            by_check.setdefault(row.pop("check"), []).append(row)
+    return by_check
+
+
+def test_vocab_parallel_model_loss_from_hidden_equals_the_unsharded_one(vocab_parallel):
+    rows = vocab_parallel["model_loss_from_hidden"]
+    assert len(rows) == 1
+    for row in rows:
+        # The loss, every metric input and both gradients were compared.
+        assert {f"['{name}']" for name in ("loss", "z_loss", "mask", "d_hidden", "d_kernel")} <= set(row["errors"]), row
+        assert any("number_abs_error" in name for name in row["errors"]), row
+        assert any("accuracy_inputs" in name for name in row["errors"]), row
+        assert max(row["errors"].values()) <= RTOL, row
+
+
+def test_vocab_parallel_mixin_under_the_mesh_in_context(vocab_parallel):
+    rows = {row["name"]: row for row in vocab_parallel["mixin"]}
+    assert set(rows) == {"fused_vocab_axis=model", "fused_vocab_axis=None"}
+    for row in rows.values():
+        assert any("logits_dense" in name for name in row["errors"]), row
+        assert any("number_abs_error" in name for name in row["errors"]), row
+        assert max(row["errors"].values()) <= RTOL, row
+    axes = {row["name"]: row["axis"] for row in vocab_parallel["context_vocab_axis"]}
+    assert axes == {"no mesh": None, "2 x 4": "model", "2 x 4 set_mesh": "model", "8 x 1": None,
+                    "no model axis": None, "None": None}
+
+
+def test_vocab_parallel_mixin_gathers_no_kernel(vocab_parallel):
+    rows = {row["name"]: row for row in vocab_parallel["gathers"]}
+    assert rows["fused_vocab_axis=None"]["kernel_gathers"], rows  # left to XLA it gathers: the check can fail
+    assert rows["fused_vocab_axis=model"]["kernel_gathers"] == [], rows
+
+
+# The script's side: run in the subprocess above.
+
+
+def _worst_errors(want, got):
+    """`{leaf path: max |want - got| / max |want|}` over the leaves of two pytrees."""
+    errors = {}
+    got_leaves = dict(jax.tree_util.tree_flatten_with_path(got)[0])
+    for path, a in jax.tree_util.tree_flatten_with_path(want)[0]:
+        a, b = np.asarray(a, np.float64), np.asarray(got_leaves[path], np.float64)
+        assert a.shape == b.shape, (jax.tree_util.keystr(path), a.shape, b.shape)
+        errors[jax.tree_util.keystr(path)] = float(np.max(np.abs(a - b), initial=0.0) / max(np.max(np.abs(a)), 1e-30))
+    return errors
+
+
+def _kernel_gathers(hlo_text):
+    """The shapes of the all-gathers in compiled HLO that hold a `[D_MODEL, WIDTH]` kernel slice."""
+    shapes = [[int(x) for x in m.group(1).split(",") if x]
+              for m in re.finditer(r"= \w+\[([\d,]*)\][^=\n]*? all-gather(?:-start)?\(", hlo_text)]
+    return [shape for shape in shapes if D_MODEL in shape and WIDTH in shape]
+
+
+def _report(**fields):
+    print(json.dumps(fields), flush=True)
+
+
+def _vocab_parallel_checks():
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    assert jax.device_count() == 8, jax.devices()
+    devices = np.array(jax.devices())
+    mesh = Mesh(devices.reshape(2, 4), ("data", "model"))
+    # Six sequences (two packed batches): the data axis splits them.
+    one, two = make_batch(packed=True, seed=8), make_batch(packed=True, seed=9)
+    batch = {k: jnp.concatenate([one[k], two[k]]) for k in one}
+    rng = np.random.default_rng(8)
+    hidden = jnp.asarray(rng.normal(size=(6, 10, D_MODEL)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(D_MODEL, WIDTH)), jnp.float32)
+    on_mesh = dict(hidden=NamedSharding(mesh, P("data")), kernel=NamedSharding(mesh, P(None, "model")))
+
+    # model_loss_from_hidden: 6 columns per shard, in chunks of 4 (the last one moved back).
+    # (Every variant, factor and chunk size: tests/test_vocab_parallel.py.)
+    cases = {
+        "was reweigh smoothing z AVERAGE_PER_SEQUENCE": dict(
+            reweigh=True, label_smoothing=0.1, z_loss=1e-3, loss_normalizing_factor="AVERAGE_PER_SEQUENCE",
+            chunk_size=4),
+    }
+    for name, options in cases.items():
+        def run(vocab_axis, options=options):
+            def loss(h, k):
+                out = t5x_loss.model_loss_from_hidden(h, k, batch, NT, vocab_axis=vocab_axis, **options)
+                return out.loss, out._replace(segment_ids={})
+
+            f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+            if vocab_axis is None:
+                (_, out), (d_hidden, d_kernel) = f(hidden, kernel)
+            else:
+                with mesh:
+                    (_, out), (d_hidden, d_kernel) = f(jax.device_put(hidden, on_mesh["hidden"]),
+                                                       jax.device_put(kernel, on_mesh["kernel"]))
+            return {**out._asdict(), "d_hidden": d_hidden, "d_kernel": d_kernel}
+
+        _report(check="model_loss_from_hidden", name=name, errors=_worst_errors(run(None), run("model")))
+
+    # The mixin's decision: the mesh in context. (`jax.set_mesh(mesh)` sets the mesh
+    # when called, so each context is made only when entered.)
+    for name, context, vocab_axis in (
+        ("no mesh", None, "model"), ("2 x 4", lambda: mesh, "model"),
+        ("2 x 4 set_mesh", lambda: jax.set_mesh(mesh), "model"),
+        ("8 x 1", lambda: Mesh(devices.reshape(8, 1), ("data", "model")), "model"),
+        ("no model axis", lambda: Mesh(devices.reshape(2, 4), ("data", "vocab")), "model"),
+        ("None", lambda: mesh, None),
+    ):
+        if context is None:
+            axis = t5x_loss.context_vocab_axis(vocab_axis)
+        else:
+            with context():
+                axis = t5x_loss.context_vocab_axis(vocab_axis)
+        _report(check="context_vocab_axis", name=name, axis=axis)
+
+    # The mixin's step under `with mesh:`, as T5X's partitioner runs it, against one device;
+    # and what the compiled step gathers.
+    module = TinyDecoder()
+    params = _params(module, batch)
+    params_on_mesh = jax.tree_util.tree_map_with_path(
+        lambda path, p: jax.device_put(p, NamedSharding(
+            mesh, P(None, "model") if "logits_dense" in jax.tree_util.keystr(path) else P())), params)
+    batch_on_mesh = {k: jax.device_put(v, NamedSharding(mesh, P("data"))) for k, v in batch.items()}
+    options = dict(module=module, fused_loss=True, fused_chunk_size=4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS",
+                   reweigh=True)
+
+    def step(model):
+        return jax.jit(jax.value_and_grad(model.loss_fn, has_aux=True))
+
+    (loss, metrics), grads = step(FlaxFakeModel(**options))(params, batch, None)
+    want = {"loss": loss, "metrics": metrics, "grads": grads}
+    for vocab_axis in ("model", None):
+        with mesh:
+            compiled = step(FlaxFakeModel(**options, fused_vocab_axis=vocab_axis)).lower(
+                params_on_mesh, batch_on_mesh, None).compile()
+            (loss, metrics), grads = compiled(params_on_mesh, batch_on_mesh, None)
+        name = f"fused_vocab_axis={vocab_axis}"
+        got = {"loss": loss, "metrics": metrics, "grads": grads}
+        _report(check="mixin", name=name, errors=_worst_errors(want, got))
+        _report(check="gathers", name=name, kernel_gathers=_kernel_gathers(compiled.as_text()))
+
+
+if __name__ == "__main__":
+    _vocab_parallel_checks()
