@@ -202,68 +202,61 @@ def target_values(targets, number_tokens: NumberTokens):
 def number_mass(logits, number_logits, number_tokens: NumberTokens, keep=None):
     """`(log_normalizer, (mass, rest))`, each `[batch, length]` float32: the
     logsumexp of the logits over the vocabulary, and the full-vocabulary probability on
-    the number tokens and on the other tokens (`1 - mass`, without its cancellation).
+    the number tokens and on the other tokens.
 
     `number_logits` are the number tokens' logits (`number_logits`, sanitised);
     `keep` (`[batch, length]` bool, or None for all) marks the positions whose logits
-    are used: elsewhere they count as 0, whatever they hold. Both sums are taken with
-    one shift, the largest logit, and divided by their total, so its rounding cancels:
-    each is accurate to a few float32 ulps even when the logits are large and one of
-    them is close to 1. Costs two fused reductions over the vocabulary (a maximum and a
-    sum, as a logsumexp does) and no `[batch, length, vocab]` temporary.
+    are used: elsewhere they count as 0, whatever they hold. The shift (the largest
+    logit), the exponentials and their sum are those `jax.nn.logsumexp` computes, so
+    XLA computes them once for this and a caller's cross-entropy (with float32
+    logits): no pass over the vocabulary of its own. `mass` is the number tokens' sum
+    over that sum, accurate to a few float32 ulps even when the logits are large;
+    `rest` is the difference of the two sums over their total, accurate to a few ulps
+    of 1 (not of itself: where the mass is close to 1, the cancellation leaves it an
+    absolute error of the sum's rounding).
     """
-    keep = jnp.ones(number_logits.shape[:-1], bool) if keep is None else keep
-    shift = jnp.max(number_logits, axis=-1)
-    vocab = logits.shape[-1]
-    if len(number_tokens.ids) < vocab:
-        # Ids beyond the table are no numbers; -inf takes the number tokens out.
-        exclude = jnp.where(number_token_mask(number_tokens, vocab), -jnp.inf, 0.0)
-        shift = jnp.maximum(shift, jnp.max(logits.astype(jnp.float32) + exclude, axis=-1))
-        # Any shift gives the same ratios; the maximum keeps every exponent <= 0.
-        shift = jax.lax.stop_gradient(jnp.where(keep & jnp.isfinite(shift), shift, 0.0))
-        rest = _excluded_exp_sum(logits, exclude, shift, keep)
-    else:  # every token is a number
-        shift = jax.lax.stop_gradient(jnp.where(keep & jnp.isfinite(shift), shift, 0.0))
-        rest = jnp.zeros_like(shift)
+    shift = jnp.max(logits, axis=-1, initial=-jnp.inf)
+    shift = jax.lax.stop_gradient(jax.lax.select(jnp.isfinite(shift), shift, jnp.zeros_like(shift)))
+    kept = jnp.ones(shift.shape, bool) if keep is None else keep
+    total = _exp_sum(logits, jax.lax.expand_dims(shift, (logits.ndim - 1,)), kept)
+    # Ignored positions: their number logits are 0, so a shift of 0 keeps them finite.
+    shift = jnp.where(kept, shift.astype(jnp.float32), 0.0)
     mass = jnp.sum(jnp.exp(number_logits - shift[..., None]), axis=-1)
-    total = mass + rest
+    total = jnp.where(kept, total, mass)  # ignored positions: all mass on the numbers
+    # The mass is part of the total; rounding can put it a few ulps above.
+    rest = jnp.maximum(total - mass, 0.0)
     return shift + jnp.log(total), (mass / total, rest / total)
 
 
+def _exp(logits, shift):
+    """`exp(logits - shift)` in float32; for float32 logits exactly as `jax.nn.logsumexp`."""
+    if logits.dtype == jnp.float32:
+        return jnp.exp(logits - shift)
+    return jnp.exp(logits.astype(jnp.float32) - shift.astype(jnp.float32))
+
+
 @jax.custom_vjp
-def _excluded_exp_sum(logits, exclude, shift, keep):
-    """`sum(exp(logits + exclude - shift))` over the last axis at the positions `keep`
-    (`[batch, length]` bool), 0 elsewhere, in float32; `exclude` (`[vocab]`) is 0, or
-    -inf for a column left out.
-
-    Left-out columns are masked in the exponent, which keeps the sum one fused
-    reduction over the logits (a `where` or a product with a 0/1 mask is several times
-    slower on a CPU). The gradient is one elementwise expression that recomputes the
-    exponentials, fused with the caller's other logits gradients, and whatever the
-    logits hold at the positions not kept (NaN, inf) reaches neither the value nor the
-    gradient."""
-    return _excluded_exp_sum_fwd(logits, exclude, shift, keep)[0]
+def _exp_sum(logits, shift, keep):
+    """`sum(exp(logits - shift))` over the last axis at the positions `keep`
+    (`[batch, length]` bool), 0 elsewhere, in float32, written as `jax.nn.logsumexp`
+    writes it. The gradient is one elementwise expression, fused with the caller's
+    other logits gradients, in which whatever the logits hold at the positions not
+    kept (NaN, inf) is selected away, in the value as in the gradient."""
+    return _exp_sum_fwd(logits, shift, keep)[0]
 
 
-def _excluded_exp(logits, exclude, shift):
-    # Not `logits + exclude`, which the maximum computes: XLA would share it and store it.
-    return jnp.exp((logits.astype(jnp.float32) - shift[..., None]) + exclude)
+def _exp_sum_fwd(logits, shift, keep):
+    return jnp.where(keep, jnp.sum(_exp(logits, shift), axis=-1), 0.0), (logits, shift, keep)
 
 
-def _excluded_exp_sum_fwd(logits, exclude, shift, keep):
-    total = jnp.sum(_excluded_exp(logits, exclude, shift), axis=-1)
-    return jnp.where(keep, total, 0.0), (logits, exclude, shift, keep)
+def _exp_sum_bwd(residuals, g):
+    logits, shift, keep = residuals
+    d_logits = jnp.where(keep[..., None], g[..., None] * _exp(logits, shift), 0.0)
+    # The shift is a stop-gradient constant; `keep` is boolean.
+    return d_logits.astype(logits.dtype), jnp.zeros_like(shift), None
 
 
-def _excluded_exp_sum_bwd(residuals, g):
-    logits, exclude, shift, keep = residuals
-    g = jnp.where(keep, g, 0.0)[..., None]
-    d_logits = jnp.where(keep[..., None], g * _excluded_exp(logits, exclude, shift), 0.0)
-    # `exclude` and the shift are constants (0 / -inf, and a stop-gradient).
-    return d_logits.astype(logits.dtype), jnp.zeros_like(exclude), jnp.zeros_like(shift), None
-
-
-_excluded_exp_sum.defvjp(_excluded_exp_sum_fwd, _excluded_exp_sum_bwd)
+_exp_sum.defvjp(_exp_sum_fwd, _exp_sum_bwd)
 
 
 def number_token_mask(number_tokens: NumberTokens, vocab_size: int):
