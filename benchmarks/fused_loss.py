@@ -18,15 +18,29 @@ and reports the median over rounds of each one's time and its ratio to `unfused`
     python benchmarks/fused_loss.py --memory-only     # the issue's shapes, compile only
     python benchmarks/fused_loss.py --shapes 1x1024x32128 1x2048x32128 --d-model 256 --rounds 7
     python benchmarks/fused_loss.py --memory-only --shapes 1x4096x128256 --chunk-sizes 512 1024 4096 8192
+    python benchmarks/fused_loss.py --sharded --out results/fused_loss_sharded_cpu.json
+
+`--sharded` compiles (does not run) the fused function on 8 host CPU devices, a mesh of
+8/n `data` x n `model` for n = 1, 2, 4, 8 vocabulary shards, hidden on `data` and the
+kernel's columns on `model`, and reports per-device temporaries and the elements moved
+by all-gathers, left to XLA's partitioner (`vocab_axis=None`) and vocabulary-parallel
+(`vocab_axis="model"`), against the one-device compile.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import platform
+import re
 import statistics
+import sys
 import time
+
+if "--sharded" in sys.argv:  # the device count is fixed when JAX starts
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +94,47 @@ def variants(targets, nt, chunk_sizes=()):
     return out
 
 
+def sharded_rows(shape: str, d_model: int, dtype_name: str) -> list[dict]:
+    """Per-device temporaries and all-gathered elements of the fused function's value
+    and gradients on 8/n data x n model meshes (compiled, not run)."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    batch, length, vocab = parse_shape(shape)
+    nt = number_tokens(vocab)
+    targets = jnp.zeros((batch, length), jnp.int32)
+    dtype = jnp.dtype(dtype_name)
+
+    def compile_on(mesh, vocab_axis):
+        def loss(h, k):
+            return fused_cross_entropy_and_ntl(h, k, targets, nt, vocab_axis=vocab_axis,
+                                               mesh=mesh if vocab_axis else None, **OPTIONS)[0]
+
+        specs = [jax.ShapeDtypeStruct((batch, length, d_model), dtype), jax.ShapeDtypeStruct((d_model, vocab), dtype)]
+        if mesh is not None:
+            specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, spec))
+                     for s, spec in zip(specs, (P("data"), P(None, "model")))]
+        compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(*specs).compile()
+        # The output shapes of the all-gathers: what each one moves onto a device.
+        shapes = [[int(x) for x in dims.split(",") if x]
+                  for dims in re.findall(r"= \w+\[([\d,]*)\][^=\n]*? all-gather(?:-start)?\(", compiled.as_text())]
+        return {"temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
+                "gathered_elements": sum(math.prod(s) for s in shapes),
+                "gathered_with_d_model": sum(math.prod(s) for s in shapes if d_model in s)}
+
+    one = compile_on(None, None)
+    rows = [{"shape": shape, "dtype": dtype_name, "layout": "one device", "vocab_shards": 1, "data_shards": 1, **one}]
+    devices = np.array(jax.devices()[:8])
+    for shards in (1, 2, 4, 8):
+        mesh = Mesh(devices.reshape(8 // shards, shards), ("data", "model"))
+        for layout, axis in (("XLA partitioner", None), ("vocab-parallel", "model")):
+            row = compile_on(mesh, axis)
+            row["temp_vs_one_device"] = row["temp_bytes"] / one["temp_bytes"]
+            rows.append({"shape": shape, "dtype": dtype_name, "layout": layout, "vocab_shards": shards,
+                         "data_shards": 8 // shards, **row})
+    return rows
+
+
 def parse_shape(text: str) -> tuple[int, int, int]:
     batch, length, vocab = (int(x) for x in text.lower().split("x"))
     return batch, length, vocab
@@ -95,8 +150,30 @@ def main() -> None:
     p.add_argument("--chunk-sizes", type=int, nargs="*", default=[],
                    help="also the fused function at these vocabulary chunk sizes (default: its own choice only)")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--sharded", action="store_true",
+                   help="per-device memory and all-gathers on 8 host devices, 1/2/4/8 vocabulary shards "
+                        "(default shape 8x1024x128256, bfloat16)")
     p.add_argument("--out", default="", help="also write the results as JSON here")
     args = p.parse_args()
+
+    if args.sharded:
+        shapes = args.shapes if args.shapes != p.get_default("shapes") else ["8x1024x128256"]
+        dtypes = args.dtypes if args.dtypes != p.get_default("dtypes") else ["bfloat16"]
+        rows = []
+        print(f"# d_model {args.d_model}; jax {jax.__version__}, {jax.device_count()} host devices; compiled, not run")
+        for shape in shapes:
+            for dtype_name in dtypes:
+                for row in sharded_rows(shape, args.d_model, dtype_name):
+                    rows.append(row)
+                    print(f"{shape:>15s} {dtype_name:8s} {row['layout']:16s} data {row['data_shards']} x vocab "
+                          f"{row['vocab_shards']}: temporaries per device {row['temp_bytes'] / 2**20:7.1f} MiB, "
+                          f"all-gathered {row['gathered_elements']:>11,d} elements "
+                          f"({row['gathered_with_d_model']:,d} with d_model)", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"d_model": args.d_model, "jax": jax.__version__, "devices": jax.device_count(),
+                           "options": OPTIONS, "rows": rows}, f, indent=1)
+        return
 
     device = jax.devices()[0]
     print(f"# d_model {args.d_model}; jax {jax.__version__} on {device.platform} ({device.device_kind}, "

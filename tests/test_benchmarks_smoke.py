@@ -8,6 +8,7 @@ Times are not checked (no timing asserts); the peak-memory ratio of the referenc
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -118,3 +119,27 @@ def test_fused_loss_benchmark_runs_and_reports_less_memory(tmp_path):
     for dtype in ("float32", "bfloat16"):
         # One chunk would be the whole vocabulary here; 1000 columns are a quarter of it.
         assert by_variant[(dtype, "fused c=1000")]["temp_bytes"] < by_variant[(dtype, "unfused")]["temp_bytes"] / 2
+
+
+def test_fused_loss_benchmark_sharded_reports_gathers_and_memory(tmp_path):
+    """`benchmarks/fused_loss.py --sharded` at a small shape: a row per layout and vocabulary
+    shard count, and the vocabulary-parallel rows gather nothing (that XLA's own
+    partitioning gathers the kernel at scale is tests/test_vocab_parallel.py's)."""
+    import json
+
+    out = tmp_path / "sharded.json"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "fused_loss.py"), "--sharded", "--shapes", "8x64x4096",
+         "--d-model", "32", "--dtypes", "float32", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    layouts = [(r["layout"], r["vocab_shards"]) for r in rows]
+    assert layouts == [("one device", 1)] + [(layout, n) for n in (1, 2, 4, 8)
+                                             for layout in ("XLA partitioner", "vocab-parallel")]
+    for row in rows:
+        assert row["temp_bytes"] > 0, row
+        if row["layout"] == "vocab-parallel":
+            assert row["gathered_elements"] == 0, row
