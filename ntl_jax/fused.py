@@ -10,6 +10,12 @@ of `[batch * length, chunk]`, and its custom gradient recomputes each chunk's lo
 the backward pass, writing each chunk of the kernel's gradient once (chunking over the
 vocabulary rather than the tokens needs no float32 accumulator the size of the kernel).
 From the statistics on, the arithmetic is `cross_entropy_and_ntl`'s own.
+
+With the kernel's columns sharded over a mesh axis (`vocab_axis`), each device streams
+its own columns under `jax.shard_map` and the per-token statistics are combined across
+the axis (a maximum and a sum for the log-normaliser, a sum for the target's logit and
+the number tokens' columns); the backward pass writes each device's slice of the
+kernel's gradient, so the kernel is never gathered.
 """
 
 from __future__ import annotations
@@ -387,7 +393,7 @@ def fused_cross_entropy_and_ntl(
     )
 
 
-def _context_mesh():
+def context_mesh():
     """The mesh in context, or None: `jax.set_mesh`'s, else a `with mesh:` block's."""
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
@@ -411,7 +417,7 @@ def vocab_shards(vocab_axis, mesh, vocab: int, batch: int) -> VocabShards | None
         if mesh is not None:
             raise ValueError("expected vocab_axis (the mesh axis sharding the kernel's columns) with mesh, got None")
         return None
-    mesh = _context_mesh() if mesh is None else mesh
+    mesh = context_mesh() if mesh is None else mesh
     if mesh is None:
         raise ValueError(
             f"vocab_axis={vocab_axis!r} needs a device mesh: pass mesh=, or call inside `with mesh:` or jax.set_mesh"

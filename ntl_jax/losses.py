@@ -468,8 +468,9 @@ def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_facto
     check_bool("reweigh", reweigh)
     check_kind(kind, squash_factor)
     weights = check_inputs(logits, targets, number_tokens, weights)
-    # Only the N number-token columns are read (and, to reweigh, one masked sum over
-    # the vocabulary): no sanitised or float32 copy of the logits is made.
+    # Only the N number-token columns are read (and, to reweigh, the maximum and the
+    # exponentials' sum a cross-entropy computes too): no sanitised or float32 copy of
+    # the logits is made.
     keep, targets = keep_positions(targets, weights, jnp.shape(logits)[-1])
     columns = number_logits(logits, number_tokens, keep)
     masses = number_mass(logits, columns, number_tokens, keep)[1] if reweigh else None

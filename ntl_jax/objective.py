@@ -207,7 +207,7 @@ def head_stats(logits, targets, number_tokens, *, label_smoothing, reweigh, with
                log_normalizer=None):
     """`HeadStats` of (sanitised, float32) logits; `with_numbers=False` leaves out the
     number tokens' logits (cross-entropy only). `log_normalizer` may be given; else it
-    is computed, with reweigh in the same pass as the number mass."""
+    is computed, with reweigh from the same sums as the number mass."""
     columns = losses.number_logits(logits, number_tokens) if with_numbers or reweigh else None
     masses = None
     if reweigh:

@@ -266,7 +266,7 @@ def context_vocab_axis(vocab_axis: Optional[str]) -> Optional[str]:
     whether the fused loss can run vocabulary-parallel over it."""
     if vocab_axis is None:
         return None
-    mesh = fused._context_mesh()
+    mesh = fused.context_mesh()
     if mesh is None or dict(mesh.shape).get(vocab_axis, 1) <= 1:
         return None
     return vocab_axis
