@@ -21,15 +21,13 @@ kernel's gradient, so the kernel is never gathered.
 from __future__ import annotations
 
 import functools
-import math
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ntl_jax import losses, objective
+from ntl_jax import losses, objective, vocab_parallel
 from ntl_jax.number_tokens import NumberTokens
 
 # Default chunk: about this many float32 logits held at a time (32 MiB).
@@ -76,17 +74,6 @@ def _chunk_forward(h, kernel_chunk, in_rest, start, acc, with_top):
         top_id = jnp.where(better, start + jnp.argmax(logits, axis=-1).astype(jnp.int32), top_id)
         top_logit = jnp.where(better, chunk_top, top_logit)
     return rest_lse, top_logit, top_id
-
-
-class VocabShards(NamedTuple):
-    """How the kernel's vocabulary is split over a device mesh (static, hashable).
-
-    `vocab_axis` shards the kernel's columns; `batch_axes`, the mesh's other axes,
-    shard the tokens (hidden states and targets on their batch axis)."""
-
-    mesh: Any
-    vocab_axis: str
-    batch_axes: tuple
 
 
 def _local_columns(ids, offset, width):
@@ -198,14 +185,6 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     return jax.lax.fori_loop(0, -(-width // chunk), body, carry)
 
 
-def _specs(shards: VocabShards):
-    """PartitionSpecs of the tokens `[N, ...]`, the kernel and the replicated ids."""
-    from jax.sharding import PartitionSpec as P
-
-    batch = shards.batch_axes or None
-    return P(batch), P(batch, None), P(None, shards.vocab_axis), P()
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
 def _vocab_stats(h, kernel, targets, ids, chunk, with_sum, with_top, shards):
     return _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards)[0]
@@ -224,7 +203,7 @@ def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards)
     if shards is None:
         out = _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, None)
     else:
-        tokens, rows, columns, replicated = _specs(shards)
+        tokens, rows, columns, replicated = vocab_parallel.partition_specs(shards)
         out = jax.shard_map(
             functools.partial(_local_stats_fwd, chunk=chunk, with_sum=with_sum, with_top=with_top,
                               axis=shards.vocab_axis),
@@ -240,7 +219,7 @@ def _vocab_stats_bwd(chunk, with_sum, with_top, shards, residuals, cotangents):
     if shards is None:
         d_h, d_kernel = _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum, None)
     else:
-        tokens, rows, columns, replicated = _specs(shards)
+        tokens, rows, columns, replicated = vocab_parallel.partition_specs(shards)
 
         def local(h, kernel, targets, ids, rest_lse, cotangents):
             d_h, d_kernel = _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
@@ -385,7 +364,8 @@ def fused_cross_entropy_and_ntl(
     )
     head, targets, _ = fused_head_stats(
         hidden, kernel, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        chunk_size=chunk_size, shards=vocab_shards(vocab_axis, mesh, jnp.shape(kernel)[1], jnp.shape(hidden)[0]),
+        chunk_size=chunk_size,
+        shards=vocab_parallel.vocab_shards(vocab_axis, mesh, jnp.shape(kernel)[1], jnp.shape(hidden)[0]),
     )
     return objective.objective_from_head(
         head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
@@ -393,64 +373,13 @@ def fused_cross_entropy_and_ntl(
     )
 
 
-def context_mesh():
-    """The mesh in context, or None: `jax.set_mesh`'s, else a `with mesh:` block's."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty:
-        return mesh
-    from jax._src import mesh as mesh_lib  # `with mesh:` (T5X's partitioner) sets only this
-
-    physical = mesh_lib.thread_resources.env.physical_mesh
-    return None if physical.empty else physical
-
-
-def vocab_shards(vocab_axis, mesh, vocab: int, batch: int) -> VocabShards | None:
-    """The `VocabShards` for a kernel of `vocab` columns sharded over mesh axis
-    `vocab_axis` and `batch` sequences sharded over the mesh's other axes; None when
-    `vocab_axis` is None or the mesh is a single device.
-
-    Raises:
-      ValueError: for an axis the mesh does not have, no mesh, a vocabulary the axis
-        size does not divide, or a batch the other axes' sizes do not divide.
-    """
-    if vocab_axis is None:
-        if mesh is not None:
-            raise ValueError("expected vocab_axis (the mesh axis sharding the kernel's columns) with mesh, got None")
-        return None
-    mesh = context_mesh() if mesh is None else mesh
-    if mesh is None:
-        raise ValueError(
-            f"vocab_axis={vocab_axis!r} needs a device mesh: pass mesh=, or call inside `with mesh:` or jax.set_mesh"
-        )
-    sizes = dict(mesh.shape)
-    if vocab_axis not in sizes:
-        raise ValueError(f"expected vocab_axis to name an axis of the mesh {tuple(sizes)}, got {vocab_axis!r}")
-    if math.prod(sizes.values()) == 1:
-        return None
-    shards = sizes[vocab_axis]
-    if vocab % shards:
-        raise ValueError(
-            f"expected a vocabulary (kernel columns) divisible by the {shards} shards of mesh axis {vocab_axis!r}, "
-            f"got {vocab}; pad the kernel's columns to a multiple of {shards} (T5X rounds vocabularies up to a "
-            "multiple of 128; ids beyond the vocabulary are no numbers)"
-        )
-    batch_axes = tuple(axis for axis in sizes if axis != vocab_axis and sizes[axis] > 1)
-    batch_shards = math.prod(sizes[axis] for axis in batch_axes)
-    if batch % batch_shards:
-        raise ValueError(
-            f"expected a batch divisible by the {batch_shards} shards of mesh axes {batch_axes} (the axes other "
-            f"than vocab_axis shard the tokens), got {batch}"
-        )
-    return VocabShards(mesh, vocab_axis, batch_axes)
-
-
 def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberTokens, *, label_smoothing, reweigh,
-                     chunk_size=None, with_top=False, shards: VocabShards | None = None):
+                     chunk_size=None, with_top=False, shards: vocab_parallel.VocabShards | None = None):
     """`(HeadStats, targets, top_ids)` of the logits `hidden @ kernel` under resolved
     `weights`, streamed over vocabulary chunks (see the module docstring): the targets
     come back -1 at ignored positions (weight 0, or outside the kernel's vocabulary);
     `top_ids` `[batch, length]` is the argmax over the vocabulary with `with_top`,
-    else None. With `shards` (`vocab_shards`), vocabulary-parallel over its mesh.
+    else None. With `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over its mesh.
     Inputs are checked (`check_fused_inputs`).
     """
     dtype = jnp.result_type(hidden, kernel)

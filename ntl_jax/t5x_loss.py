@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntl_jax import flax_head, fused, losses, objective
+from ntl_jax import flax_head, fused, losses, objective, vocab_parallel
 from ntl_jax.number_tokens import NumberTokens
 
 # What `ntl_kind` accepts: a variant of `losses.VARIANTS`, or "none" (cross-entropy
@@ -248,7 +248,7 @@ def model_loss_from_hidden(
     head, clean_targets, top = fused.fused_head_stats(
         hidden, kernel, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
         chunk_size=chunk_size, with_top=True,
-        shards=fused.vocab_shards(vocab_axis, None, vocab, jnp.shape(hidden)[0]),
+        shards=vocab_parallel.vocab_shards(vocab_axis, None, vocab, jnp.shape(hidden)[0]),
     )
     correct = (top == targets).astype(jnp.float32)
     accuracy_inputs = (jnp.stack([correct, 1.0 - correct], axis=-1), jnp.zeros_like(targets))
@@ -266,7 +266,7 @@ def context_vocab_axis(vocab_axis: Optional[str]) -> Optional[str]:
     whether the fused loss can run vocabulary-parallel over it."""
     if vocab_axis is None:
         return None
-    mesh = fused.context_mesh()
+    mesh = vocab_parallel.context_mesh()
     if mesh is None or dict(mesh.shape).get(vocab_axis, 1) <= 1:
         return None
     return vocab_axis

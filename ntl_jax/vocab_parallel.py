@@ -1,0 +1,82 @@
+"""How a logits kernel's vocabulary is laid out over a device mesh, for the
+vocabulary-parallel fused head (`ntl_jax.fused_cross_entropy_and_ntl(...,
+vocab_axis=...)`): which mesh, which axis shards the kernel's columns, which axes shard
+the tokens, and the checks that the shapes divide.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+
+class VocabShards(NamedTuple):
+    """How the kernel's vocabulary is split over a device mesh (static, hashable).
+
+    `vocab_axis` shards the kernel's columns; `batch_axes`, the mesh's other axes,
+    shard the tokens (hidden states and targets on their batch axis)."""
+
+    mesh: Any
+    vocab_axis: str
+    batch_axes: tuple
+
+
+def context_mesh():
+    """The mesh in context, or None: `jax.set_mesh`'s, else a `with mesh:` block's."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        return mesh
+    from jax._src import mesh as mesh_lib  # `with mesh:` (T5X's partitioner) sets only this
+
+    physical = mesh_lib.thread_resources.env.physical_mesh
+    return None if physical.empty else physical
+
+
+def vocab_shards(vocab_axis, mesh, vocab: int, batch: int) -> VocabShards | None:
+    """The `VocabShards` for a kernel of `vocab` columns sharded over mesh axis
+    `vocab_axis` and `batch` sequences sharded over the mesh's other axes; None when
+    `vocab_axis` is None or the mesh is a single device.
+
+    Raises:
+      ValueError: for an axis the mesh does not have, no mesh, a vocabulary the axis
+        size does not divide, or a batch the other axes' sizes do not divide.
+    """
+    if vocab_axis is None:
+        if mesh is not None:
+            raise ValueError("expected vocab_axis (the mesh axis sharding the kernel's columns) with mesh, got None")
+        return None
+    mesh = context_mesh() if mesh is None else mesh
+    if mesh is None:
+        raise ValueError(
+            f"vocab_axis={vocab_axis!r} needs a device mesh: pass mesh=, or call inside `with mesh:` or jax.set_mesh"
+        )
+    sizes = dict(mesh.shape)
+    if vocab_axis not in sizes:
+        raise ValueError(f"expected vocab_axis to name an axis of the mesh {tuple(sizes)}, got {vocab_axis!r}")
+    if math.prod(sizes.values()) == 1:
+        return None
+    shards = sizes[vocab_axis]
+    if vocab % shards:
+        raise ValueError(
+            f"expected a vocabulary (kernel columns) divisible by the {shards} shards of mesh axis {vocab_axis!r}, "
+            f"got {vocab}; pad the kernel's columns to a multiple of {shards} (T5X rounds vocabularies up to a "
+            "multiple of 128; ids beyond the vocabulary are no numbers)"
+        )
+    batch_axes = tuple(axis for axis in sizes if axis != vocab_axis and sizes[axis] > 1)
+    batch_shards = math.prod(sizes[axis] for axis in batch_axes)
+    if batch % batch_shards:
+        raise ValueError(
+            f"expected a batch divisible by the {batch_shards} shards of mesh axes {batch_axes} (the axes other "
+            f"than vocab_axis shard the tokens), got {batch}"
+        )
+    return VocabShards(mesh, vocab_axis, batch_axes)
+
+
+def partition_specs(shards: VocabShards):
+    """`(tokens, rows, columns, replicated)`: the PartitionSpecs of a `[N]` and an
+    `[N, ...]` token array, of the kernel `[d_model, vocab]`, and of a replicated one."""
+    batch = shards.batch_axes or None
+    return P(batch), P(batch, None), P(None, shards.vocab_axis), P()
