@@ -46,6 +46,7 @@ network.T5Config:
 partitioning.PjitPartitioner.num_partitions = {partitions}
 {extra}
 """
+UNFUSED = "NTL_FUSED_LOSS = False"  # the loss from the logits (the gin files' default is the fused loss)
 EMB_DIM, VOCAB, PARTITIONS = 32, 384, 4  # the logits_dense kernel: [32, 384], 96 columns per device
 # The fused loss, in chunks smaller than a device's share of the vocabulary (96 columns):
 # two chunks per device vocabulary-parallel, six when XLA partitions it.
@@ -85,7 +86,8 @@ def _train_one_step(tmp_path, name, devices, partitions, extra="", dump_hlo=Fals
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("t5x_partitioned")
-    return _train_one_step(tmp_path, "single", 1, 1), _train_one_step(tmp_path, "sharded", 8, 4)
+    return (_train_one_step(tmp_path, "single", 1, 1, UNFUSED),
+            _train_one_step(tmp_path, "sharded", 8, PARTITIONS, UNFUSED))
 
 
 def test_the_model_is_partitioned(runs):
