@@ -379,8 +379,8 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
     `weights`, streamed over vocabulary chunks (see the module docstring): the targets
     come back -1 at ignored positions (weight 0, or outside the kernel's vocabulary);
     `top_ids` `[batch, length]` is the argmax over the vocabulary with `with_top`,
-    else None. With `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over its mesh.
-    Inputs are checked (`check_fused_inputs`).
+    else None. With `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over
+    its mesh. Inputs are checked (`check_fused_inputs`).
     """
     dtype = jnp.result_type(hidden, kernel)
     kernel = jnp.asarray(kernel, dtype)
@@ -394,9 +394,11 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
     vocab_shards_count = 1 if shards is None else dict(shards.mesh.shape)[shards.vocab_axis]
     width = vocab // vocab_shards_count
     if chunk_size is None:
-        # Sharded: as many chunks as one device would stream, each over this device's
-        # share of the columns (and of the tokens), so per-device memory shrinks with the mesh.
-        chunk_size = max(default_chunk_size(batch * length, vocab) // vocab_shards_count // 128 * 128, 128)
+        chunk_size = default_chunk_size(batch * length, vocab)
+        if shards is not None:
+            # As many chunks as one device would stream, each over this device's share
+            # of the columns (and of the tokens): per-device memory shrinks with the mesh.
+            chunk_size = max(chunk_size // vocab_shards_count // 128 * 128, 128)
     chunk = min(int(chunk_size), width)
     rest_lse, target_logit, logit_sum, number_logits, top_id = _vocab_stats(
         hidden.reshape(batch * length, d_model), kernel, jnp.maximum(targets, 0).reshape(-1),
