@@ -229,9 +229,8 @@ def number_mass(logits, number_logits, number_tokens: NumberTokens, keep=None):
 
 
 def _exp(logits, shift):
-    """`exp(logits - shift)` in float32; for float32 logits exactly as `jax.nn.logsumexp`."""
-    if logits.dtype == jnp.float32:
-        return jnp.exp(logits - shift)
+    """`exp(logits - shift)` in float32; for float32 logits (the casts are then no-ops)
+    exactly as `jax.nn.logsumexp` writes it."""
     return jnp.exp(logits.astype(jnp.float32) - shift.astype(jnp.float32))
 
 
