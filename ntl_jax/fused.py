@@ -83,18 +83,21 @@ def _local_columns(ids, offset, width):
     return jnp.where(owned, ids - offset, width), owned
 
 
-def _shard_offset(width, axis):
-    """The first vocabulary id of this shard (0 without sharding)."""
-    return 0 if axis is None else jax.lax.axis_index(axis) * width
+def _shard_numbers(ids, width, axis):
+    """`(offset, local_ids, owned_ids, is_number)` of this shard (all of the vocabulary
+    when `axis` is None): its first vocabulary id, the number tokens as its columns
+    (see `_local_columns`) and which it owns, and its `[width]` number-token mask."""
+    offset = 0 if axis is None else jax.lax.axis_index(axis) * width
+    local_ids, owned_ids = _local_columns(ids, offset, width)
+    is_number = jnp.zeros(width, bool).at[local_ids].set(True, mode="drop")
+    return offset, local_ids, owned_ids, is_number
 
 
 def _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, axis):
     """The statistics of `h @ kernel` on one vocabulary shard (all of it when `axis` is
     None), combined over the shards of mesh axis `axis`: see `_vocab_stats_fwd`."""
     num, width = h.shape[0], kernel.shape[1]
-    offset = _shard_offset(width, axis)
-    local_ids, owned_ids = _local_columns(ids, offset, width)
-    is_number = jnp.zeros(width, bool).at[local_ids].set(True, mode="drop")
+    offset, local_ids, owned_ids, is_number = _shard_numbers(ids, width, axis)
 
     def body(i, acc):
         start, fresh = _chunk_start(i, width, chunk)
@@ -147,9 +150,7 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     before it is rounded to the kernel's dtype, as one device sums over all tokens."""
     g_rest, g_target, g_sum, g_numbers = cotangents
     width = kernel.shape[1]
-    offset = _shard_offset(width, axis)
-    local_ids, _ = _local_columns(ids, offset, width)
-    is_number = jnp.zeros(width, bool).at[local_ids].set(True, mode="drop")
+    offset, _, _, is_number = _shard_numbers(ids, width, axis)
     # A -inf rest_lse (no token outside the numbers) has zero probability everywhere.
     shift = jnp.where(jnp.isfinite(rest_lse), rest_lse, 0.0)[:, None]
 
