@@ -204,11 +204,6 @@ def compile_lowered(lowered):
     return compiled, peak
 
 
-def compiled_step(loss_fn, logits, *rest):
-    """(compiled value_and_grad w.r.t. logits, peak bytes from XLA's memory analysis)."""
-    return compile_lowered(lowered_step(loss_fn, logits, *rest))
-
-
 # -- ntloss + torch variants ------------------------------------------------------------
 
 
