@@ -13,6 +13,7 @@ import pytest
 
 from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
 from ntl_jax.fused import default_chunk_size
+from tests.objective_options import FACTORS, OPTIONS
 
 # A vocabulary whose number tokens sit in several chunks of 7 columns (and the last,
 # partial chunk): 69 ids, digits 3..12, "." 13, "42" at 60 (digit_level=False only).
@@ -71,22 +72,6 @@ def _assert_same(unfused, fused):
         _assert_close(parts_u[name], parts_f[name], what=name)
     _assert_close(grads_u[0], grads_f[0], what="d hidden")
     _assert_close(grads_u[1], grads_f[1], what="d kernel")
-
-
-OPTIONS = {
-    "was": dict(ntl_kind="was"),
-    "was-reweigh": dict(ntl_kind="was", reweigh=True),
-    "was-squash": dict(ntl_kind="was", squash_factor=3.0),
-    "was-squash-reweigh": dict(ntl_kind="was", squash_factor=3.0, reweigh=True),
-    "mse": dict(ntl_kind="mse"),
-    "mae-reweigh": dict(ntl_kind="mae", reweigh=True),
-    "huber": dict(ntl_kind="huber"),
-    "number_level": dict(ntl_kind="number_level"),
-    "number_level_float-reweigh": dict(ntl_kind="number_level_float", reweigh=True),
-    "ce": dict(ntl_kind="none"),
-    "smoothing-z": dict(ntl_kind="was", label_smoothing=0.1, z_loss=1e-3, ntl_weight=1.0),
-}
-FACTORS = [None, 37.0, "NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE"]
 
 
 @pytest.mark.parametrize("name", OPTIONS)

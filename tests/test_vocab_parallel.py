@@ -37,7 +37,7 @@ def results():
 def test_every_variant_over_2_4_and_8_vocabulary_shards(results):
     rows = results["variant"]
     assert {row["shards"] for row in rows} == {2, 4, 8}
-    assert len(rows) == 10 + 10 + 3
+    assert len(rows) == 11 + 11 + 3
     for row in rows:
         assert row["error"] <= RTOL, row
 

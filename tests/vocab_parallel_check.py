@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl  # noqa: E402
 from ntl_jax.fused import fused_head_stats  # noqa: E402
 from ntl_jax.vocab_parallel import vocab_shards  # noqa: E402
+from tests.objective_options import FACTORS, OPTIONS  # noqa: E402
 
 # 128 ids; the digits sit in every quarter (and every half) of the vocabulary, "." too.
 VOCAB = 128
@@ -32,20 +33,6 @@ PIECES[0], PIECES[1], PIECES[64] = "<pad>", "</s>", "."
 NT = NumberTokens.from_pieces(PIECES)
 B, L, D = 8, 12, 16
 CHUNK = 12  # does not divide a shard's 32 or 64 columns: the moved-back last chunk is exercised
-
-OPTIONS = {
-    "was": dict(ntl_kind="was"),
-    "was-reweigh": dict(ntl_kind="was", reweigh=True),
-    "was-squash-reweigh": dict(ntl_kind="was", squash_factor=3.0, reweigh=True),
-    "mse": dict(ntl_kind="mse"),
-    "mae-reweigh": dict(ntl_kind="mae", reweigh=True),
-    "huber": dict(ntl_kind="huber"),
-    "number_level": dict(ntl_kind="number_level"),
-    "number_level_float-reweigh": dict(ntl_kind="number_level_float", reweigh=True),
-    "ce": dict(ntl_kind="none"),
-    "smoothing-z": dict(ntl_kind="was", label_smoothing=0.1, z_loss=1e-3, ntl_weight=1.0),
-}
-FACTORS = [None, 37.0, "NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE"]
 
 
 def inputs(seed=0, dtype=jnp.float32):
