@@ -1,10 +1,11 @@
 """Number-token tables built from a vocabulary.
 
 A `NumberTokens` holds, for a vocabulary of size `V`, the numeric value of every token
-(NaN for tokens that are not numbers), the ids and values of the `N` number tokens, and
-the id of the decimal point. It is a JAX pytree, so it can be a closure constant or an
-argument of a jitted function; everything derived from it (the distance table, the
-largest distance) is computed with `jnp` and therefore works on traced values too.
+(NaN for tokens that are not numbers), the ids and values of the `N` number tokens, how
+many digits each number token writes, and the id of the decimal point. It is a JAX
+pytree, so it can be a closure constant or an argument of a jitted function; everything
+derived from it (the distance table, the largest distance) is computed with `jnp` and
+therefore works on traced values too.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class NumberTokens:
       values: `[V]` float32, the value of each token id, NaN for non-number tokens.
       ids: `[N]` int32, the ids of the number tokens in increasing order.
       number_values: `[N]` float32, their values.
+      digit_counts: `[V]` int32, how many digits each token writes when it is a plain
+        run of digits (`7` 1, `07` 2, `123` 3), else 0 (non-numbers, and number tokens
+        with a sign, point or exponent, such as `-1` or `3.5`). The number-level loss
+        places a token's value by the digit counts of the tokens after it.
       dot_id: id of the `.` token, or None (used by the float-level number loss).
       vocab_size: `V`.
 
@@ -52,10 +57,11 @@ class NumberTokens:
     ([2, 3], [1.0, 0.0], 5)
     """
 
-    def __init__(self, values: Any, ids: Any, number_values: Any, *, dot_id: int | None):
+    def __init__(self, values: Any, ids: Any, number_values: Any, digit_counts: Any, *, dot_id: int | None):
         self.values = values
         self.ids = ids
         self.number_values = number_values
+        self.digit_counts = digit_counts
         self.dot_id = dot_id
 
     # -- construction -------------------------------------------------------------
@@ -82,6 +88,7 @@ class NumberTokens:
             )
         pieces = list(pieces)
         values = np.full((len(pieces),), np.nan, dtype=np.float32)
+        digit_counts = np.zeros((len(pieces),), dtype=np.int32)
         dot_id = None
         for i, piece in enumerate(pieces):
             if not isinstance(piece, str):
@@ -89,6 +96,7 @@ class NumberTokens:
             value = _parse_number(piece, digit_level=digit_level)
             if value is not None:
                 values[i] = value
+                digit_counts[i] = len(piece) if _DIGITS.issuperset(piece) else 0
             elif piece == "." and dot_id is None:
                 dot_id = i
         is_number = ~np.isnan(values)
@@ -104,7 +112,7 @@ class NumberTokens:
                 "pieces that are all numbers"
             )
         ids = np.flatnonzero(is_number).astype(np.int32)
-        return cls(values, ids, values[ids], dot_id=dot_id)
+        return cls(values, ids, values[ids], digit_counts, dot_id=dot_id)
 
     @classmethod
     def from_vocabulary(cls, vocabulary: Any, *, digit_level: bool = True) -> "NumberTokens":
@@ -135,7 +143,7 @@ class NumberTokens:
     # -- pytree -------------------------------------------------------------------
 
     def tree_flatten(self):
-        return (self.values, self.ids, self.number_values), self.dot_id
+        return (self.values, self.ids, self.number_values, self.digit_counts), self.dot_id
 
     @classmethod
     def tree_unflatten(cls, dot_id, children):

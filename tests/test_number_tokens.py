@@ -113,3 +113,14 @@ def test_logits_wider_than_the_table_treat_the_extra_ids_as_non_numbers():
     with pytest.raises(ValueError, match=r"last axis >= the vocabulary size of number_tokens \(4\), got 3"):
         ntl_was(logits[..., :3], targets, nt)
 
+
+
+def test_digit_counts_count_the_digits_of_plain_digit_runs_only():
+    """`digit_counts` says how many digits a number token writes: leading zeros count,
+    a sign, point or exponent makes the token no digit run (0), non-numbers are 0."""
+    pieces = ["<pad>", "7", "07", "007", "123", "-1", "3.5", "1e3", "a", "."]
+    nt = NumberTokens.from_pieces(pieces, digit_level=False)
+    assert np.asarray(nt.digit_counts).tolist() == [0, 1, 2, 3, 3, 0, 0, 0, 0, 0]
+    assert np.asarray(nt.number_values).tolist() == [7.0, 7.0, 7.0, 123.0, -1.0, 3.5, 1000.0]
+    digits = NumberTokens.from_pieces(pieces, digit_level=True)
+    assert np.asarray(digits.digit_counts).tolist() == [0, 1] + [0] * 8
