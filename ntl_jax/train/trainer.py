@@ -382,50 +382,80 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ProblemData | Non
 
 
 class _RunLock:
-    """One run per directory: `<out>/.lock` holds the PID of the process training there.
-    A lock left by a process that no longer exists (killed) is taken over."""
+    """One run per directory, held by the kernel: an exclusive `flock` on `<out>/.lock`.
+
+    The kernel drops the lock when its process exits, however it dies (SIGKILL included),
+    so a killed run's lock is free again, and nothing is decided by reading the file: the
+    PID written into it once the lock is held only names the holder in a second run's
+    error. The descriptor is not inherited by exec'd children (PEP 446), so a child
+    cannot keep the lock past its parent.
+
+    On exit the file is unlinked while still locked. A process that opened the old file
+    just before and locks it just after would then hold a lock on a file that is no longer
+    at the path while a third process locks a new one, so after locking each process checks
+    that its descriptor is still the file at the path (same device and inode) and otherwise
+    tries again on the new file.
+    """
 
     def __init__(self, out_dir: str):
         self.path = os.path.join(out_dir, ".lock")
+        self.fd: int | None = None
 
     def __enter__(self):
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                holder = self._holder()
-                if holder is not None and holder != os.getpid() and _alive(holder):
-                    raise ValueError(
-                        f"another process (PID {holder}) is training in "
-                        f"{os.path.dirname(self.path)}: expected one run per --out directory. "
-                        f"Wait for it, or remove {self.path} if that process is not this run")
-                os.remove(self.path)  # stale: its process is gone
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            return self
-        raise ValueError(f"could not take the lock {self.path}: another run took it first")
+        import fcntl
 
-    def _holder(self) -> int | None:
-        try:
-            with open(self.path) as f:
-                return int(f.read().strip())
-        except (OSError, ValueError):
-            return None
+        for _ in range(100):  # a retry needs another run to finish in between: a few at most
+            # No O_EXCL (an existing file is the normal case) and no O_TRUNC (that would
+            # erase the holder's PID before this process knows whether it holds the lock).
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _lock_holder(fd)
+                os.close(fd)
+                raise ValueError(
+                    f"another process (PID {holder}) is training in {os.path.dirname(self.path)}: "
+                    "expected one run per --out directory. Wait for it to finish or stop it; "
+                    "its lock is released when it exits") from None
+            except OSError as e:
+                os.close(fd)
+                raise ValueError(f"could not lock {self.path}: expected a file system with "
+                                 f"flock support, got {e}") from e
+            if _same_file(fd, self.path):
+                try:
+                    os.ftruncate(fd, 0)
+                    os.write(fd, f"{os.getpid()}\n".encode())
+                except OSError:
+                    os.close(fd)
+                    raise
+                self.fd = fd
+                return self
+            os.close(fd)  # the previous holder unlinked this file before it was locked here
+        raise ValueError(f"could not take the lock {self.path}: other runs kept replacing it")
 
     def __exit__(self, *exc):
-        if self._holder() == os.getpid():
-            os.remove(self.path)
+        try:
+            os.unlink(self.path)  # while still locked: see the class docstring
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(self.fd)
+            self.fd = None
 
 
-def _alive(pid: int) -> bool:
+def _same_file(fd: int, path: str) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        now = os.stat(path)
+    except FileNotFoundError:
         return False
-    except PermissionError:  # it exists, owned by another user
-        pass
-    return True
+    mine = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _lock_holder(fd: int) -> str:
+    """The PID in a lock file, or "unknown" while its holder has not written it yet."""
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return text if text.isdigit() else "unknown"
 
 
 def _train(config, out_dir, data, progress, tensorboard, stop_after):

@@ -159,9 +159,14 @@ def test_one_run_per_directory(vocabulary, tmp_path):
     data = _data(vocabulary)
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # The holder locks <out>/.lock as a run does (flock) and writes its PID into it.
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid()).encode()); "
+            "print('locked', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out / ".lock")], stdout=subprocess.PIPE,
+                              text=True)
     try:
-        (out / ".lock").write_text(str(holder.pid))
+        assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(ValueError, match=f"another process \\(PID {holder.pid}\\) is "
                                              "training in .*expected one run per --out"):
             _train(data, out)
@@ -169,7 +174,9 @@ def test_one_run_per_directory(vocabulary, tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    # The holder is gone: its lock is stale, and the next run takes it over and releases it.
+        holder.stdout.close()
+    # The holder is gone, and the kernel released its lock: the next run takes it over and
+    # removes the file when it is done.
     result = _train(data, out)
     assert result["step"] == 6 and not (out / ".lock").exists()
 
