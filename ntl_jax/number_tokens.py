@@ -1,4 +1,4 @@
-"""Number-token tables built from a vocabulary.
+"""Number-token tables built from a vocabulary or a tokenizer.
 
 A `NumberTokens` holds, for a vocabulary of size `V`, the numeric value of every token
 (NaN for tokens that are not numbers), the ids and values of the `N` number tokens, how
@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 _DIGITS = frozenset("0123456789")
+# GPT-2 byte-level BPE's space, SentencePiece's space, and a plain space: `prefixed_numbers`.
+_SPACE_PREFIXES = frozenset("Ġ▁ ")
 
 
 def _parse_number(piece: str, *, digit_level: bool) -> float | None:
@@ -39,7 +41,7 @@ def _parse_number(piece: str, *, digit_level: bool) -> float | None:
 class NumberTokens:
     """The number tokens of a vocabulary and their values.
 
-    Build it with `from_pieces` or `from_vocabulary`.
+    Build it with `from_pieces`, `from_tokenizer` or `from_vocabulary`.
 
     Attributes:
       values: `[V]` float32, the value of each token id, NaN for non-number tokens.
@@ -67,7 +69,9 @@ class NumberTokens:
     # -- construction -------------------------------------------------------------
 
     @classmethod
-    def from_pieces(cls, pieces: Sequence[str], *, digit_level: bool = True) -> "NumberTokens":
+    def from_pieces(
+        cls, pieces: Sequence[str], *, digit_level: bool = True, prefixed_numbers: bool = False
+    ) -> "NumberTokens":
         """Builds the table from `pieces[i]`, the string of token id `i`.
 
         Args:
@@ -75,6 +79,10 @@ class NumberTokens:
           digit_level: if True (ntloss's and the paper's default) only the single
             characters `0`-`9` are number tokens; otherwise every piece that parses as a
             finite float (`12`, `-1`, `3.5`, `07`) is one.
+          prefixed_numbers: if True, a piece that is a number after one leading space
+            marker (`Ġ12`, `▁12`, ` 12`) is a number token too, with the digits after
+            the marker. False (ntloss's rule) parses the piece as it is; see
+            `from_tokenizer` for why that is the default.
 
         Raises:
           TypeError: if `pieces` is a single string (rather than one string per id) or
@@ -93,10 +101,16 @@ class NumberTokens:
         for i, piece in enumerate(pieces):
             if not isinstance(piece, str):
                 raise TypeError(f"expected pieces to be strings, got {type(piece).__name__} at id {i}")
-            value = _parse_number(piece, digit_level=digit_level)
+            # With prefixed_numbers the digits after a space marker are the number (" 5" writes 1 digit).
+            stripped = prefixed_numbers and piece[:1] in _SPACE_PREFIXES
+            number = piece[1:] if stripped else piece
+            value = _parse_number(number, digit_level=digit_level)
+            if value is None and stripped:
+                number = piece
+                value = _parse_number(number, digit_level=digit_level)
             if value is not None:
                 values[i] = value
-                digit_counts[i] = len(piece) if _DIGITS.issuperset(piece) else 0
+                digit_counts[i] = len(number) if _DIGITS.issuperset(number) else 0
             elif piece == "." and dot_id is None:
                 dot_id = i
         is_number = ~np.isnan(values)
@@ -115,6 +129,57 @@ class NumberTokens:
         return cls(values, ids, values[ids], digit_counts, dot_id=dot_id)
 
     @classmethod
+    def from_tokenizer(
+        cls, tokenizer: Any, *, digit_level: bool = True, prefixed_numbers: bool = False
+    ) -> "NumberTokens":
+        """Builds the table from a tokenizer's token strings, one per id.
+
+        Takes a `tokenizers.Tokenizer` (ids below `get_vocab_size(with_added_tokens=True)`),
+        a `transformers` tokenizer (ids below `len(tokenizer)`, so added tokens are covered:
+        `vocab_size` counts the base vocabulary only), a
+        `sentencepiece.SentencePieceProcessor`, or anything `from_vocabulary` takes. Ids
+        with no token (holes) are not numbers. The pieces are the raw token strings: a
+        byte-level BPE writes a space as `Ġ`, SentencePiece as `▁`.
+
+        The prefix rule: by default a space-prefixed piece (`Ġ12`, `▁12`) is not a number
+        token, as in ntloss 0.3.2, which parses each token string of `get_vocab()` with
+        `float` (and `float("Ġ12")` fails). The prefix also writes the space before the
+        number, so such a token is not interchangeable with `12`, and the vocabularies the
+        paper's digit-level default suits (LLaMA-3, Qwen) never put a prefix on digits.
+        `prefixed_numbers=True` counts them, with the value and digit count of the digits
+        after the prefix (`▁12` -> 12, 2 digits), so a vocabulary such as GPT-2's or a
+        SentencePiece one with `▁12` pieces can weigh all its number tokens.
+
+        Leading zeros keep their digits: `07` is 7 writing 2 digits (`digit_counts`). With
+        `digit_level=True` only the single characters `0`-`9` are numbers (`▁7` too when
+        `prefixed_numbers`).
+
+        Differences from ntloss (whose table is `get_vocab()` parsed by `float`): ntloss
+        with `digit_level=True` adds `0`-`9` to a tokenizer that lacks them, this never
+        changes the tokenizer (and raises if there are no number tokens); a table here is
+        as long as the tokenizer's largest id + 1 when its vocabulary has holes; two ids
+        sharing one token string are both numbers here, one of them in ntloss.
+
+        Raises:
+          TypeError: if `tokenizer` offers none of these APIs, or yields non-string tokens.
+          ValueError: if no token, or every token, is a number.
+
+        >>> class Processor:  # the SentencePieceProcessor API
+        ...     def get_piece_size(self):
+        ...         return 4
+        ...     def id_to_piece(self, i):
+        ...         return ["<unk>", "▁12", "07", "7"][i]
+        >>> NumberTokens.from_tokenizer(Processor(), digit_level=False).ids.tolist()
+        [2, 3]
+        >>> nt = NumberTokens.from_tokenizer(Processor(), digit_level=False, prefixed_numbers=True)
+        >>> nt.number_values.tolist(), nt.digit_counts.tolist()
+        ([12.0, 7.0, 7.0], [0, 2, 2, 1])
+        """
+        from ntl_jax.tokenizer_pieces import tokenizer_pieces
+
+        return cls.from_pieces(tokenizer_pieces(tokenizer), digit_level=digit_level, prefixed_numbers=prefixed_numbers)
+
+    @classmethod
     def from_vocabulary(cls, vocabulary: Any, *, digit_level: bool = True) -> "NumberTokens":
         """Builds the table from a vocabulary object (duck-typed).
 
@@ -122,23 +187,13 @@ class NumberTokens:
         SentencePiece `vocabulary.tokenizer.id_to_piece(i)` (seqio's
         `SentencePieceVocabulary`; its extra ids are not numbers), else from
         `vocabulary.decode([i])` (e.g. `seqio.ByteVocabulary`), for every id below
-        `vocabulary.vocab_size`.
+        `vocabulary.vocab_size`. For a Hugging Face or SentencePiece tokenizer use
+        `from_tokenizer` (`vocab_size` leaves out a `transformers` tokenizer's added tokens,
+        and `decode` turns `Ġ12` into ` 12`).
         """
-        size = int(vocabulary.vocab_size)
-        if hasattr(vocabulary, "id_to_piece"):
-            pieces = [vocabulary.id_to_piece(i) for i in range(size)]
-        elif hasattr(getattr(vocabulary, "tokenizer", None), "id_to_piece"):
-            processor = vocabulary.tokenizer
-            known = processor.get_piece_size()
-            pieces = [processor.id_to_piece(i) if i < known else f"<extra_id_{i}>" for i in range(size)]
-        elif hasattr(vocabulary, "decode"):
-            pieces = [vocabulary.decode([i]) for i in range(size)]
-        else:
-            raise TypeError(
-                "expected a vocabulary with `id_to_piece`, `tokenizer.id_to_piece` or `decode`, "
-                f"got {type(vocabulary).__name__}"
-            )
-        return cls.from_pieces(pieces, digit_level=digit_level)
+        from ntl_jax.tokenizer_pieces import vocabulary_pieces
+
+        return cls.from_pieces(vocabulary_pieces(vocabulary), digit_level=digit_level)
 
     # -- pytree -------------------------------------------------------------------
 

@@ -124,3 +124,85 @@ def test_digit_counts_count_the_digits_of_plain_digit_runs_only():
     assert np.asarray(nt.number_values).tolist() == [7.0, 7.0, 7.0, 123.0, -1.0, 3.5, 1000.0]
     digits = NumberTokens.from_pieces(pieces, digit_level=True)
     assert np.asarray(digits.digit_counts).tolist() == [0, 1] + [0] * 8
+
+
+def test_from_tokenizer_duck_types_each_api_and_fills_holes():
+    """The three tokenizer APIs give one piece per id, holes are no numbers, and the
+    `from_vocabulary` objects still work."""
+
+    class HuggingFace:  # transformers: len() counts added tokens; id 3 is a hole
+        vocab_size = 3
+
+        def __len__(self):
+            return 5
+
+        def get_vocab(self):
+            return {"a": 0, "12": 1, "Ġ7": 2, "<s>": 4, "9": 5}
+
+        def convert_ids_to_tokens(self, ids):
+            table = {v: k for k, v in self.get_vocab().items()}
+            return [table.get(i) for i in ids]
+
+    class Tokenizers:  # tokenizers.Tokenizer
+        def get_vocab_size(self, with_added_tokens=True):
+            return 4 if with_added_tokens else 3
+
+        def id_to_token(self, i):
+            return ["x", "3", None, "▁4"][i]
+
+    class Processor:  # sentencepiece
+        def get_piece_size(self):
+            return 3
+
+        def id_to_piece(self, i):
+            return ["<unk>", "▁12", "07"][i]
+
+    class Pieces:  # a from_vocabulary object
+        vocab_size = 3
+
+        def id_to_piece(self, i):
+            return ["a", "5", "."][i]
+
+    hf = NumberTokens.from_tokenizer(HuggingFace(), digit_level=False)
+    # One past the largest id (5), not len() = 5, since id 3 is a hole.
+    assert hf.vocab_size == 6 and hf.ids.tolist() == [1, 5] and hf.number_values.tolist() == [12.0, 9.0]
+    hf_prefixed = NumberTokens.from_tokenizer(HuggingFace(), digit_level=False, prefixed_numbers=True)
+    assert hf_prefixed.ids.tolist() == [1, 2, 5] and hf_prefixed.number_values.tolist() == [12.0, 7.0, 9.0]
+    assert np.asarray(hf_prefixed.digit_counts).tolist() == [0, 2, 1, 0, 0, 1]
+    digits = NumberTokens.from_tokenizer(HuggingFace(), prefixed_numbers=True)
+    assert digits.ids.tolist() == [2, 5]  # "Ġ7" is a digit after its prefix, "12" is no digit
+
+    tk = NumberTokens.from_tokenizer(Tokenizers())
+    assert tk.vocab_size == 4 and tk.ids.tolist() == [1]
+    assert NumberTokens.from_tokenizer(Tokenizers(), prefixed_numbers=True).ids.tolist() == [1, 3]
+
+    sp = NumberTokens.from_tokenizer(Processor(), digit_level=False)
+    assert sp.ids.tolist() == [2] and np.asarray(sp.digit_counts).tolist() == [0, 0, 2]
+    sp_prefixed = NumberTokens.from_tokenizer(Processor(), digit_level=False, prefixed_numbers=True)
+    assert sp_prefixed.number_values.tolist() == [12.0, 7.0]
+
+    vocab = NumberTokens.from_tokenizer(Pieces())
+    assert vocab.ids.tolist() == [1] and vocab.dot_id == 2
+
+
+def test_prefixed_numbers_strip_one_marker_and_leave_the_dot_alone():
+    pieces = ["a", "Ġ.", ".", "▁▁3", "▁", "Ġ-1", "Ġnan", " 5", "Ġ07"]
+    nt = NumberTokens.from_pieces(pieces, digit_level=False, prefixed_numbers=True)
+    assert nt.dot_id == 2  # "Ġ." is no dot
+    assert dict(zip(nt.ids.tolist(), nt.number_values.tolist())) == {5: -1.0, 7: 5.0, 8: 7.0}
+    assert np.asarray(nt.digit_counts).tolist() == [0] * 7 + [1, 2]
+    plain = NumberTokens.from_pieces(pieces, digit_level=False)
+    # Without the option only " 5" counts (Python's float strips spaces, as in ntloss), writing no plain digit run.
+    assert plain.ids.tolist() == [7] and np.asarray(plain.digit_counts).tolist() == [0] * 9
+
+
+@pytest.mark.parametrize("bad,hint", [
+    (object(), "got object"),
+    (type("EncodeOnly", (), {"encode": lambda self, s: [0]})(), "got EncodeOnly"),
+    (type("SizeMethod", (), {"vocab_size": lambda self: 3, "decode": lambda self, i: "1"})(), "got SizeMethod"),
+    ("tokenizer.json", "Tokenizer.from_file"),
+    (["a", "1"], "from_pieces"),
+])
+def test_from_tokenizer_without_a_usable_api_is_a_type_error(bad, hint):
+    with pytest.raises(TypeError, match=r"expected a tokenizer with `convert_ids_to_tokens`.*" + hint):
+        NumberTokens.from_tokenizer(bad)
