@@ -1,7 +1,12 @@
 """Renders docs/results/*.json into the README's <!-- results:NAME --> blocks.
 
-    python scripts/render_results.py            # rewrite the blocks in place
-    python scripts/render_results.py --check    # exit 1 if a block is stale
+    python scripts/render_results.py                    # rewrite the blocks in place
+    python scripts/render_results.py --check            # exit 1 if a block is stale
+    python scripts/render_results.py --refresh-paired   # also recompute each file's "paired"
+
+The tables' paired statistics are always computed from the per-seed numbers in a file's
+"runs"; --refresh-paired writes them back into the file's "paired" section too, so a file
+made before a change of statistical method agrees with its table.
 
 The rendering lives in `ntl_jax.train.results_table`.
 """
@@ -16,6 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ntl_jax.train import results_table  # noqa: E402
+from ntl_jax.train.logging_utils import write_json  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -26,9 +32,24 @@ def main(argv=None) -> int:
                         help="directory of the result files (default: %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="do not write; exit 1 if a block differs from its rendering")
+    parser.add_argument("--refresh-paired", action="store_true",
+                        help="recompute the \"paired\" section of every result file from its runs")
     args = parser.parse_args(argv)
-    with open(args.readme, encoding="utf-8") as f:
-        text = f.read()
+    if args.check and args.refresh_paired:
+        parser.error("--check writes nothing: expected one of --check, --refresh-paired, got both")
+    try:
+        with open(args.readme, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        print(f"render_results: error: cannot read the README: {e}", file=sys.stderr)
+        return 2
+    if args.refresh_paired:
+        for path in sorted(pathlib.Path(args.results).glob("*.json")):
+            result = results_table.load(str(path))
+            refreshed = results_table.refresh_paired(result)
+            if refreshed != result:
+                write_json(str(path), refreshed)
+                print(f"{path}: recomputed \"paired\" from its runs")
     try:
         if args.check:
             stale = results_table.stale_blocks(text, args.results)

@@ -13,8 +13,8 @@ NTL variant is paired with the CE run of the same seed and learning rate. Runs l
 finished ones. `--jobs N` trains N runs at a time in separate processes.
 
 Writes `<out>/compare.json` (every run, per-variant summaries, paired differences with
-95 % bootstrap intervals and Wilcoxon / sign-test p-values, the command and versions),
-`compare.md` and `compare.png`.
+95 % Student t intervals and Wilcoxon / sign-test p-values, the command and versions),
+`compare.md` (the table, with Holm-adjusted p-values and verdicts) and `compare.png`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -300,8 +301,23 @@ def _earlier_seconds(path: str, result: dict) -> list[float]:
     return list(previous.get("earlier_seconds") or []) + [previous["seconds"]]
 
 
+def seed_lines(result: dict, metric: str, labels: list[str]) -> dict[int, tuple[list[float], list[float]]]:
+    """Per seed, the points of its runs in a metric's panel: x is the label's index plus
+    the seed's own offset (the same for every label), y the metric (NaN where missing, so
+    the seed's line breaks there). One line per seed through them shows the pairing."""
+    per_label = {label: dict(zip(result["summary"][label][metric]["seeds"],
+                                 result["summary"][label][metric]["values"])) for label in labels}
+    seeds = sorted({s for values in per_label.values() for s in values})
+    offsets = np.linspace(-0.15, 0.15, len(seeds)) if len(seeds) > 1 else [0.0]
+    return {seed: ([i + float(offset) for i in range(len(labels))],
+                   [math.nan if per_label[label].get(seed) is None else float(per_label[label][seed])
+                    for label in labels])
+            for seed, offset in zip(seeds, offsets)}
+
+
 def plot(result: dict, out: str, path: str) -> str | None:
-    """Learning curves and every seed's final metrics (dots) with their mean (bar)."""
+    """Learning curves, and every seed's final metrics (dots, a seed's runs joined by a
+    line across the losses: the comparison is paired) with their mean (bar)."""
     try:
         import matplotlib
     except ImportError:
@@ -327,18 +343,19 @@ def plot(result: dict, out: str, path: str) -> str | None:
         if len(curves) > 1:
             axes[0].fill_between(curves[0][0][:n], ys.min(0), ys.max(0), color=color, alpha=0.15)
         for ax, metric in zip(axes[1:], shown):
-            values = result["summary"][label][metric]["values"]
-            finite = [v for v in values if v is not None]
-            jitter = np.linspace(-0.15, 0.15, len(finite)) if len(finite) > 1 else [0.0]
-            ax.scatter(i + np.asarray(jitter), finite, color=color, s=18, zorder=3)
+            finite = [v for v in result["summary"][label][metric]["values"] if v is not None]
             if finite:
                 ax.hlines(np.mean(finite), i - 0.3, i + 0.3, color="black", zorder=4)
+    for ax, metric in zip(axes[1:], shown):
+        for xs, ys in seed_lines(result, metric, labels).values():
+            ax.plot(xs, ys, color="0.6", linewidth=0.8, zorder=2)
+            ax.scatter(xs, ys, c=[f"C{i}" for i in range(len(labels))], s=18, zorder=3)
     axes[0].set(xlabel="step", ylabel="train cross-entropy (per token)", yscale="log",
                 title="learning curves (mean, min-max)")
     axes[0].legend(fontsize=8)
     for ax, metric in zip(axes[1:], shown):
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
-        ax.set_title(metric.replace("test_", ""), fontsize=10)
+        ax.set_title(metric.replace("test_", "") + "\n(a line per seed)", fontsize=10)
     fig.suptitle(result["title"], fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

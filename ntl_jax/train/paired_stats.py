@@ -3,12 +3,17 @@
 Runs of the same seed share initialisation and data order, so a loss is compared with
 the baseline (CE) seed by seed: the unit of analysis is the paired difference
 ``d = metric(variant, seed) - metric(baseline, seed)``. With the handful of seeds a
-comparison affords, everything here is exact or resampling-based rather than asymptotic:
+comparison affords, everything here holds for small n rather than asymptotically:
 
-* `bootstrap_ci`: percentile bootstrap interval of the mean difference;
+* `t_interval`: Student t interval of the mean difference (`t_quantile` written out, since
+  scipy is not a dependency of the trainer);
+* `bootstrap_ci`: percentile bootstrap interval of the mean difference (too narrow with
+  few seeds: not used for the tables);
 * `sign_test_p`: exact two-sided binomial sign test;
 * `wilcoxon_p`: exact two-sided Wilcoxon signed-rank test (also with tied ranks);
-* `paired_comparison`: all of the above per variant and metric, from a list of runs;
+* `min_attainable_p`: the smallest p those exact tests can give with n pairs;
+* `holm`: Holm's step-down adjustment of several p-values;
+* `paired_comparison`: interval and tests per variant and metric, from a list of runs;
 * `describe`: mean, std and per-seed values per loss and metric, and, for bimodal
   outcomes, the share of seeds above a threshold.
 
@@ -78,6 +83,111 @@ def bootstrap_ci(diffs: Sequence[float], *, confidence: float = 0.95, n_resample
     alpha = 1.0 - confidence
     lo, hi = np.percentile(means, [100 * alpha / 2, 100 * (1 - alpha / 2)])
     return float(lo), float(hi)
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The `q`-quantile of Student's t with `df` (an integer >= 1) degrees of freedom.
+
+    P(|T| <= t) for integer df is a finite sum in theta = arctan(t / sqrt(df))
+    (Abramowitz & Stegun 26.7.3-4), increasing in theta on [0, pi/2); it is inverted by
+    bisection on theta to the last bit. Equals ``scipy.stats.t.ppf(q, df)`` to ~1e-12.
+
+    >>> round(t_quantile(0.975, 4), 6)
+    2.776445
+    """
+    if isinstance(df, bool) or int(df) != df or df < 1:
+        raise ValueError(f"df: expected an integer >= 1, got {df!r}")
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q: expected a number in (0, 1), got {q}")
+    if q < 0.5:
+        return -t_quantile(1.0 - q, df)
+    target, df = 2.0 * q - 1.0, int(df)
+    lo, hi = 0.0, math.pi / 2
+    while True:
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if _t_central_mass(mid, df) < target:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(df) * math.tan(0.5 * (lo + hi))
+
+
+def _t_central_mass(theta: float, df: int) -> float:
+    """P(|T| <= sqrt(df) tan(theta)) for Student's t with integer `df` (A&S 26.7.3-4)."""
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2:  # (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
+        term = total = math.cos(theta)
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        return 2.0 / math.pi * (theta + s * total) if df > 1 else 2.0 / math.pi * theta
+    term = total = 1.0  # sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+    for k in range(1, df // 2):
+        term *= c2 * (2 * k - 1) / (2 * k)
+        total += term
+    return s * total
+
+
+def t_interval(diffs: Sequence[float], *, confidence: float = 0.95) -> tuple[float, float]:
+    """Student t interval of the mean of `diffs`: ``mean -/+ t_q(n - 1) * sd / sqrt(n)``,
+    ``q = (1 + confidence) / 2``, sd with ddof=1.
+
+    The paired differences of a handful of seeds are what it is for: a bootstrap of 5-10
+    values resamples too few distinct means and is too narrow. All equal gives ``(d, d)``;
+    fewer than two differences raise ValueError (no spread to scale by).
+
+    >>> [round(x, 6) for x in t_interval([0.1, 0.2, 0.3])]
+    [-0.048414, 0.448414]
+    """
+    d = _finite_array(diffs)
+    if d.size < 2:
+        raise ValueError(f"t_interval: expected at least two differences, got {d.size}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if np.all(d == d[0]):
+        return float(d[0]), float(d[0])
+    mean = float(d.mean())
+    half = t_quantile(0.5 * (1.0 + confidence), d.size - 1) * float(d.std(ddof=1)) / math.sqrt(d.size)
+    return mean - half, mean + half
+
+
+def min_attainable_p(n_untied: int) -> float:
+    """The smallest two-sided p-value the exact sign and signed-rank tests can give with
+    `n_untied` non-zero differences: 2 / 2^n (every sign the same). Below 6 pairs it is
+    at least 1/16 = 0.0625, so those tests cannot reach p < 0.05 whatever the data.
+
+    >>> min_attainable_p(5), min_attainable_p(6)
+    (0.0625, 0.03125)
+    """
+    if n_untied < 0:
+        raise ValueError(f"n_untied: expected a count >= 0, got {n_untied}")
+    return 1.0 if n_untied == 0 else min(1.0, 2.0 ** (1 - n_untied))
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values, in the order given (None stays None and is not
+    counted among the m tests).
+
+    With the m p-values sorted, p_(1) <= ... <= p_(m), the adjusted value of p_(i) is
+    ``max_{j <= i} min(1, (m - j + 1) p_(j))``; rejecting where it is below alpha keeps
+    the family-wise error rate at alpha for any dependence between the tests.
+
+    >>> holm([0.01, 0.04, 0.03])
+    [0.03, 0.06, 0.06]
+    """
+    ps = [None if p is None else float(p) for p in pvalues]
+    for p in ps:
+        if p is not None and not 0.0 <= p <= 1.0:
+            raise ValueError(f"holm: expected p-values in [0, 1], got {p}")
+    order = sorted((i for i, p in enumerate(ps) if p is not None), key=lambda i: ps[i])
+    m, running = len(order), 0.0
+    out: list[float | None] = [None] * len(ps)
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        out[i] = running
+    return out
 
 
 def sign_test_p(diffs: Sequence[float]) -> float:
@@ -234,8 +344,8 @@ def paired_comparison(runs: Sequence[dict], *, baseline: str = "ce",
                           "better": int, "worse": int, "ties": int,
                           "higher_is_better": bool | None}}}
 
-    ``p`` is `wilcoxon_p`, ``p_sign`` `sign_test_p`, ``ci95`` `bootstrap_ci` at 95 %
-    (None, like ``mean_diff``, when n = 0). ``better`` counts seeds where the variant
+    ``p`` is `wilcoxon_p`, ``p_sign`` `sign_test_p`, ``ci95`` `t_interval` at 95 %
+    (None when n < 2; ``mean_diff`` None when n = 0). ``better`` counts seeds where the variant
     is better (d > 0 if higher is better, d < 0 if lower is); for a metric of unknown
     direction (``higher_is_better`` None) ``better`` / ``worse`` count d > 0 / d < 0.
     ``ties`` counts ``|d| <= TIE_ATOL``. `threshold` is accepted for symmetry with
@@ -267,7 +377,7 @@ def paired_comparison(runs: Sequence[dict], *, baseline: str = "ce",
             direction = higher_is_better(metric)
             above, below = int(np.sum(d > TIE_ATOL)), int(np.sum(d < -TIE_ATOL))
             better, worse = (below, above) if direction is False else (above, below)
-            ci = [_clean(x) for x in bootstrap_ci(d)] if d.size else None
+            ci = [_clean(x) for x in t_interval(d)] if d.size >= 2 else None
             out[label][metric] = {
                 "baseline": base_label,
                 "n": int(d.size),

@@ -8,7 +8,9 @@ A result file (``docs/results/<name>.json``) is a JSON object with ``"command"``
 (the metric names to show). `render` turns one into Markdown; `update_readme`
 replaces the text between ``<!-- results:<name> -->`` and ``<!-- /results:<name> -->``
 with the rendering of ``<name>.json``, so the README's numbers always come from the
-files. Every verdict in the tables is computed from the numbers.
+files. Every verdict in the tables is computed from the numbers, and the paired statistics
+are recomputed from the per-seed numbers in ``"runs"`` (the file's ``"paired"`` is used only
+without them), so a file written before a change of method renders with the current one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import math
 import os
 import re
+
+from ntl_jax.train import paired_stats
 
 DEFAULT_METRICS = ("test_interpolate/number_accuracy", "test_interpolate/log_mae",
                    "test_extrapolate/number_accuracy", "test_extrapolate/log_mae")
@@ -73,17 +77,33 @@ def _table(header, rows) -> list[str]:
     return [_row(header), "|" + "---|" * len(header)] + [_row(r) for r in rows]
 
 
-def verdict(entry: dict) -> str:
-    """Whether the 95 % CI of the mean paired difference excludes zero."""
-    n, ci = entry.get("n", 0), entry.get("ci95")
-    if not n or ci is None or None in ci:
+ALPHA = 0.05
+
+
+def verdict(entry: dict, p_adjusted: float | None = None) -> str:
+    """The verdict of one paired comparison, from its Wilcoxon p-value (`p_adjusted`, the
+    Holm-adjusted one, where the comparison is one of several).
+
+    With fewer untied pairs than the exact tests need to reach p < `ALPHA` (6 at 0.05)
+    the answer is "too few seeds to tell", whatever the numbers; otherwise the difference
+    is "better" / "worse" (by the metric's direction and the sign of the mean difference;
+    "higher" / "lower" for a metric of unknown direction) where p < `ALPHA`.
+    """
+    n = entry.get("n") or 0
+    if not n:
         return "no paired seeds"
-    if n < 2:
-        return "not distinguishable from zero (one seed)"
-    lo, hi = ci
-    if lo > 0 or hi < 0:
-        return "distinguishable from zero (CI excludes 0)"
-    return "not distinguishable from zero"
+    untied = n - (entry.get("ties") or 0)
+    if untied == 0:
+        return "identical in every seed"
+    if paired_stats.min_attainable_p(untied) >= ALPHA:
+        return "too few seeds to tell"
+    p = entry.get("p") if p_adjusted is None else p_adjusted
+    if p is None or not p < ALPHA:
+        return "not distinguishable from zero"
+    up = (entry.get("mean_diff") or 0.0) > 0
+    higher = entry.get("higher_is_better")
+    word = ("higher" if up else "lower") if higher is None else ("better" if up == higher else "worse")
+    return f"{word} ({'Holm p' if p_adjusted is not None else 'p'} < {ALPHA:g})"
 
 
 def table_metrics(result: dict) -> list[str]:
@@ -114,7 +134,10 @@ def render(result: dict) -> str:
     """The Markdown block of one result file (no trailing newline)."""
     metrics = table_metrics(result)
     summary = result.get("summary") or {}
-    paired = result.get("paired") or {}
+    if result.get("runs"):
+        paired = paired_stats.paired_comparison(result["runs"], metrics=metrics)
+    else:
+        paired = result.get("paired") or {}
     seeds = _seed_counts(result)
     lines = []
     if result.get("title"):
@@ -154,25 +177,31 @@ def render(result: dict) -> str:
         rows.append(row)
     lines += _table(["loss", "seeds"] + [f"{metric_title(m)} (mean ± std)" for m in metrics], rows)
 
+    compared = [(label, metric, per_metric[metric]) for label, per_metric in paired.items()
+                for metric in metrics if per_metric.get(metric) is not None]
+    # One family: every comparison of the table, adjusted together (Holm).
+    adjusted = paired_stats.holm([e.get("p") for _, _, e in compared])
     rows = []
-    for label, per_metric in paired.items():
-        for metric in metrics:
-            e = per_metric.get(metric)
-            if e is None:
-                continue
-            ci = e.get("ci95")
-            ci_text = f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "n/a"
-            rows.append([f"{label} − {e.get('baseline', DEFAULT_BASELINE)}",
-                         metric_title(metric) + _direction(e.get("higher_is_better")),
-                         fmt(e.get("mean_diff")), ci_text,
-                         f"{e.get('better', 0)}/{e.get('worse', 0)}/{e.get('ties', 0)}",
-                         fmt_p(e.get("p")), fmt_p(e.get("p_sign")), verdict(e)])
+    for (label, metric, e), p_holm in zip(compared, adjusted):
+        ci = e.get("ci95")
+        ci_text = f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "n/a"
+        rows.append([f"{label} − {e.get('baseline', DEFAULT_BASELINE)}",
+                     metric_title(metric) + _direction(e.get("higher_is_better")),
+                     fmt(e.get("mean_diff")), ci_text,
+                     f"{e.get('better', 0)}/{e.get('worse', 0)}/{e.get('ties', 0)}",
+                     fmt_p(e.get("p")), fmt_p(p_holm), fmt_p(e.get("p_sign")), verdict(e, p_holm)])
     if rows:
         lines += ["", *_table(["variant − baseline", "metric", "mean diff", "95 % CI",
-                               "better/worse/ties", "Wilcoxon p", "sign p", "verdict"], rows),
+                               "better/worse/ties", "Wilcoxon p", "Holm p", "sign p", "verdict"],
+                              rows),
                   "", "Paired by seed (same initialisation and data order); ↑ / ↓: higher / "
-                  "lower is better; better/worse/ties count seeds; 95 % CI: percentile "
-                  "bootstrap of the mean difference; p: exact two-sided tests."]
+                  "lower is better; better/worse/ties count seeds; 95 % CI: Student t interval "
+                  "of the mean difference (n − 1 degrees of freedom), for each comparison alone; "
+                  "p: exact two-sided tests; Holm p: the Wilcoxon p adjusted by Holm's step-down "
+                  f"method over the {len(rows)} comparison{'s' if len(rows) != 1 else ''} of this "
+                  f"table; verdict: better or worse where Holm p < {ALPHA:g}, \"too few seeds to "
+                  "tell\" where fewer than 6 seeds differ (the exact tests cannot then reach "
+                  f"p < {ALPHA:g}: their smallest p is 2/2^n ≥ 0.0625)."]
 
     rows = []
     for label, per_metric in summary.items():
@@ -189,6 +218,15 @@ def render(result: dict) -> str:
         lines += ["", "Share of seeds above a threshold (for outcomes that land in one of two "
                   "modes):", "", *_table(["loss", "metric", "threshold", "share of seeds"], rows)]
     return "\n".join(lines)
+
+
+def refresh_paired(result: dict) -> dict:
+    """`result` with ``"paired"`` recomputed from its ``"runs"`` over every metric they
+    report, as `ntl-jax compare` computes it (a file without runs is returned as is)."""
+    if not result.get("runs"):
+        return result
+    metrics = sorted({k for run in result["runs"] for k in run.get("metrics", {})})
+    return result | {"paired": paired_stats.paired_comparison(result["runs"], metrics=metrics)}
 
 
 def load(path: str) -> dict:

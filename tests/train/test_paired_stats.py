@@ -53,6 +53,112 @@ def test_bootstrap_ci_narrower_with_more_data():
     assert 0.1 < w_large < 0.3
 
 
+# --- Student t --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("df", [*range(1, 41), 57, 100, 1000])
+def test_t_quantile_matches_scipy(df):
+    for q in (0.025, 0.05, 0.6, 0.9, 0.95, 0.975, 0.995, 0.9995):
+        assert ps.t_quantile(q, df) == pytest.approx(stats.t.ppf(q, df), rel=1e-9)
+    assert ps.t_quantile(0.5, df) == 0.0
+
+
+def test_t_quantile_hand_values_and_bad_input():
+    assert ps.t_quantile(0.75, 1) == pytest.approx(1.0, rel=1e-12)       # Cauchy: tan(pi/4)
+    # df 2 has a closed form: t = 2a / sqrt(2 (1 - a^2)) with a = 2q - 1
+    assert ps.t_quantile(0.975, 2) == pytest.approx(2 * 0.95 / math.sqrt(2 * (1 - 0.95 ** 2)),
+                                                    rel=1e-12)
+    for q, df in [(0.0, 3), (1.0, 3), (0.9, 0), (0.9, 2.5), (0.9, True)]:
+        with pytest.raises(ValueError, match=r"expected (an integer >= 1|a number in \(0, 1\)), got"):
+            ps.t_quantile(q, df)
+
+
+def test_t_interval_matches_scipy_on_mean_and_sem():
+    d = np.array([0.012, -0.004, 0.020, 0.007, 0.015, 0.001, 0.009])
+    n = d.size
+    expected = stats.t.interval(0.95, n - 1, loc=d.mean(), scale=stats.sem(d))
+    lo, hi = ps.t_interval(d)
+    assert (lo, hi) == pytest.approx(expected, rel=1e-10)
+    # by hand: mean 0.0085714, sd 0.0081824, t(0.975, 6) = 2.4469, half-width 0.0075675
+    assert (lo, hi) == pytest.approx((0.0010039, 0.0161389), abs=1e-7)
+    lo90, hi90 = ps.t_interval(d, confidence=0.90)
+    assert (lo90, hi90) == pytest.approx(stats.t.interval(0.90, n - 1, loc=d.mean(),
+                                                          scale=stats.sem(d)), rel=1e-10)
+    # wider than the bootstrap with few values: the bootstrap ignores the uncertainty of sd
+    b_lo, b_hi = ps.bootstrap_ci(d)
+    assert hi - lo > b_hi - b_lo
+
+
+def test_t_interval_degenerate_cases():
+    assert ps.t_interval([0.3, 0.3, 0.3]) == (0.3, 0.3)
+    assert ps.t_interval([-1.0, 1.0]) == pytest.approx((-12.706205, 12.706205), rel=1e-6)
+    with pytest.raises(ValueError, match="expected at least two differences, got 1"):
+        ps.t_interval([0.2])
+    with pytest.raises(ValueError, match="finite"):
+        ps.t_interval([0.2, float("inf")])
+    with pytest.raises(ValueError, match="confidence"):
+        ps.t_interval([0.1, 0.2], confidence=1.0)
+
+
+# --- the smallest p of the exact tests, Holm ----------------------------------------------
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_min_attainable_p_is_what_the_exact_tests_give_at_their_most_extreme(n):
+    extreme = list(np.arange(1.0, n + 1))            # every difference positive
+    assert ps.min_attainable_p(n) == ps.wilcoxon_p(extreme) == ps.sign_test_p(extreme)
+    assert ps.min_attainable_p(n) == min(1.0, stats.binomtest(n, n, 0.5).pvalue)
+    # no data of n pairs gets below it
+    rng = np.random.default_rng(n)
+    for _ in range(50):
+        d = rng.normal(0.5, 1.0, n)
+        assert ps.wilcoxon_p(d) >= ps.min_attainable_p(n)
+        assert ps.sign_test_p(d) >= ps.min_attainable_p(n)
+    assert (ps.min_attainable_p(n) < 0.05) == (n >= 6)
+    assert ps.min_attainable_p(0) == 1.0
+
+
+def _holm_reference(p):
+    """Holm from its definition, written independently: for each p_i, the largest over the
+    p_j ranked at or before it of min(1, (m - rank_j) p_j), ranks 0-based by (p, index)."""
+    m = len(p)
+    rank = {i: sum((p[j], j) < (p[i], i) for j in range(m)) for i in range(m)}
+    return [max(min(1.0, (m - rank[j]) * p[j]) for j in range(m) if rank[j] <= rank[i])
+            for i in range(m)]
+
+
+def test_holm_hand_fixture():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> running max
+    assert ps.holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02], rel=1e-12)
+    assert ps.holm(p) == pytest.approx(_holm_reference(p), rel=1e-12)
+    assert ps.holm([0.2, 0.5]) == [0.4, 0.5]
+    assert ps.holm([0.9, 0.8]) == [1.0, 1.0]             # capped at 1
+    assert ps.holm([0.02]) == [0.02]                     # one test: unchanged
+    assert ps.holm([]) == []
+    assert ps.holm([0.01, None, 0.04]) == [0.02, None, 0.04]   # None is not a test
+    with pytest.raises(ValueError, match=r"expected p-values in \[0, 1\], got 1.5"):
+        ps.holm([0.1, 1.5])
+
+
+def test_holm_matches_the_definition_and_the_step_down_procedure():
+    rng = np.random.default_rng(5)
+    for m in (2, 3, 6, 24):
+        for _ in range(20):
+            p = list(rng.uniform(0, 0.2, m) ** 2)
+            p[0] = p[-1]                              # a tie
+            adjusted = ps.holm(p)
+            assert adjusted == pytest.approx(_holm_reference(p), rel=1e-12)
+            # Holm's procedure at level a: walk up the sorted p while p_(k) <= a / (m - k);
+            # the hypotheses passed are exactly those with adjusted p <= a.
+            order = sorted(range(m), key=lambda i: (p[i], i))
+            for a in (0.01, 0.05, 0.1):
+                rejected = set()
+                for k, i in enumerate(order):
+                    if p[i] > a / (m - k):
+                        break
+                    rejected.add(i)
+                assert rejected == {i for i in range(m) if adjusted[i] <= a}
+
+
 # --- sign test ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("diffs", [
@@ -170,11 +276,17 @@ def test_paired_comparison_pairs_by_seed():
     assert e["baseline"] == "ce"
     lo, hi = e["ci95"]
     assert lo <= e["mean_diff"] <= hi
-    assert (lo, hi) == pytest.approx(ps.bootstrap_ci([0.55 - 0.5, 0.58 - 0.6, 0.5 - 0.4]))
+    d = np.array([0.55 - 0.5, 0.58 - 0.6, 0.5 - 0.4])
+    assert (lo, hi) == pytest.approx(stats.t.interval(0.95, 2, loc=d.mean(), scale=stats.sem(d)),
+                                     rel=1e-10)
     assert e["p"] == pytest.approx(0.5)                   # ranks 2, 1, 3: T = 5 of 6
     assert e["p_sign"] == 1.0                             # 2 of 3 positive: P(X<=1) = 1/2
     assert (e["better"], e["worse"], e["ties"]) == (2, 1, 0)
     assert e["higher_is_better"] is True
+
+    one = ps.paired_comparison(runs + [_run("ntl-huber", 0, **{ACC: 0.6})])["ntl-huber"][ACC]
+    assert (one["n"], one["ci95"]) == (1, None)           # one pair: no spread, no interval
+    assert one["mean_diff"] == pytest.approx(0.1)
 
     empty = out["ntl-mse"][ACC]
     assert (empty["n"], empty["mean_diff"], empty["ci95"]) == (0, None, None)

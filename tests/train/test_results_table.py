@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ntl_jax.train import cli_compare, paired_stats, results_table
@@ -41,7 +42,7 @@ def tiny_result() -> dict:
                                "seeds": [0, 1]}},
         },
         "paired": {"ntl-was": {
-            ACC: {"baseline": "ce", "n": 1, "mean_diff": 0.05, "ci95": [0.05, 0.05], "p": 1.0,
+            ACC: {"baseline": "ce", "n": 1, "mean_diff": 0.05, "ci95": None, "p": 1.0,
                   "p_sign": 1.0, "better": 1, "worse": 0, "ties": 0, "higher_is_better": True},
             LMAE: {"baseline": "ce", "n": 2, "mean_diff": -0.1, "ci95": [-0.1, -0.1],
                    "p": 0.5, "p_sign": 0.5, "better": 2, "worse": 0, "ties": 0,
@@ -60,14 +61,17 @@ EXPECTED = """\
 | ce | 2 | 0.600 ± 0.141 | 0.300 ± 0.141 |
 | ntl-was | 2 | 0.750 (n=1) | 0.200 ± 0.141 |
 
-| variant − baseline | metric | mean diff | 95 % CI | better/worse/ties | Wilcoxon p | sign p | verdict |
-|---|---|---|---|---|---|---|---|
-| ntl-was − ce | interpolate/number_accuracy ↑ | 0.050 | [0.050, 0.050] | 1/0/0 | 1.000 | 1.000 | not distinguishable from zero (one seed) |
-| ntl-was − ce | interpolate/log_mae ↓ | -0.100 | [-0.100, -0.100] | 2/0/0 | 0.500 | 0.500 | distinguishable from zero (CI excludes 0) |
+| variant − baseline | metric | mean diff | 95 % CI | better/worse/ties | Wilcoxon p | Holm p | sign p | verdict |
+|---|---|---|---|---|---|---|---|---|
+| ntl-was − ce | interpolate/number_accuracy ↑ | 0.050 | n/a | 1/0/0 | 1.000 | 1.000 | 1.000 | too few seeds to tell |
+| ntl-was − ce | interpolate/log_mae ↓ | -0.100 | [-0.100, -0.100] | 2/0/0 | 0.500 | 1.000 | 0.500 | too few seeds to tell |
 
 Paired by seed (same initialisation and data order); ↑ / ↓: higher / lower is better; \
-better/worse/ties count seeds; 95 % CI: percentile bootstrap of the mean difference; \
-p: exact two-sided tests.
+better/worse/ties count seeds; 95 % CI: Student t interval of the mean difference \
+(n − 1 degrees of freedom), for each comparison alone; p: exact two-sided tests; Holm p: \
+the Wilcoxon p adjusted by Holm's step-down method over the 2 comparisons of this table; \
+verdict: better or worse where Holm p < 0.05, "too few seeds to tell" where fewer than 6 \
+seeds differ (the exact tests cannot then reach p < 0.05: their smallest p is 2/2^n ≥ 0.0625).
 
 Share of seeds above a threshold (for outcomes that land in one of two modes):
 
@@ -83,6 +87,7 @@ def test_render_tiny_case():
 
 def test_render_table_metrics_and_formatting():
     result = tiny_result() | {"table_metrics": ["x/other"]}
+    del result["runs"]  # without runs, the file's "paired" is rendered
     result["summary"]["ce"]["x/other"] = {"mean": 12345.6, "std": 0.00012, "n": 2,
                                           "values": [1, 1], "seeds": [0, 1]}
     result["paired"]["ntl-was"]["x/other"] = {
@@ -91,8 +96,9 @@ def test_render_table_metrics_and_formatting():
     text = results_table.render(result)
     assert "| ce | 2 | 1.23e+04 ± 0.00012 |" in text
     assert "| ntl-was | 2 | n/a |" in text
-    assert ("| ntl-was − ce | x/other | 0.031 | [-0.0004, 0.070] | 1/1/0 | <0.001 | 0.031 "
-            "| not distinguishable from zero |") in text
+    assert ("| ntl-was − ce | x/other | 0.031 | [-0.0004, 0.070] | 1/1/0 | <0.001 | <0.001 | 0.031 "
+            "| too few seeds to tell |") in text
+    assert "over the 1 comparison of this table" in text
     assert "interpolate" not in text
     assert "Share of seeds" not in text
 
@@ -114,16 +120,108 @@ def test_earlier_wall_times_come_from_the_previous_file_of_the_same_comparison(t
     assert cli_compare._earlier_seconds(str(path), new | {"title": "other"}) == []
 
 
-@pytest.mark.parametrize("entry, expected", [
-    ({"n": 5, "ci95": [0.01, 0.2]}, "distinguishable from zero (CI excludes 0)"),
-    ({"n": 5, "ci95": [-0.2, -0.01]}, "distinguishable from zero (CI excludes 0)"),
-    ({"n": 5, "ci95": [-0.2, 0.01]}, "not distinguishable from zero"),
-    ({"n": 5, "ci95": [0.0, 0.01]}, "not distinguishable from zero"),
-    ({"n": 1, "ci95": [0.3, 0.3]}, "not distinguishable from zero (one seed)"),
-    ({"n": 0, "ci95": None}, "no paired seeds"),
+def _entry(n, p, mean_diff, higher=True, ties=0):
+    return {"n": n, "ties": ties, "p": p, "mean_diff": mean_diff, "higher_is_better": higher}
+
+
+@pytest.mark.parametrize("entry, p_holm, expected", [
+    (_entry(10, 0.002, 0.02), None, "better (p < 0.05)"),
+    (_entry(10, 0.002, 0.02), 0.012, "better (Holm p < 0.05)"),
+    (_entry(10, 0.002, -0.02), 0.012, "worse (Holm p < 0.05)"),
+    (_entry(10, 0.002, -0.02, higher=False), 0.012, "better (Holm p < 0.05)"),
+    (_entry(10, 0.002, 0.02, higher=False), 0.012, "worse (Holm p < 0.05)"),
+    (_entry(10, 0.002, 0.02, higher=None), 0.012, "higher (Holm p < 0.05)"),
+    (_entry(10, 0.002, -0.02, higher=None), 0.012, "lower (Holm p < 0.05)"),
+    (_entry(10, 0.01, 0.02), 0.06, "not distinguishable from zero"),  # significant alone only
+    (_entry(10, 0.05, 0.02), None, "not distinguishable from zero"),
+    (_entry(6, 0.03125, 0.02), None, "better (p < 0.05)"),            # 6 pairs can reach 1/32
+    (_entry(5, 0.0625, 0.02), None, "too few seeds to tell"),         # 5 cannot: 1/16 at best
+    (_entry(5, 0.0625, 0.02), 0.0, "too few seeds to tell"),          # whatever p says
+    (_entry(8, 0.03125, 0.02, ties=3), None, "too few seeds to tell"),  # 5 untied pairs
+    (_entry(1, 1.0, 0.3), None, "too few seeds to tell"),
+    (_entry(10, 1.0, 0.0, ties=10), None, "identical in every seed"),
+    ({"n": 0, "ci95": None}, None, "no paired seeds"),
 ])
-def test_verdict_is_computed_from_the_interval(entry, expected):
-    assert results_table.verdict(entry) == expected
+def test_verdict_from_the_exact_test_and_the_number_of_pairs(entry, p_holm, expected):
+    assert results_table.verdict(entry, p_holm) == expected
+
+
+def _holm_by_hand(p):
+    """Holm from its definition: sort, multiply the i-th smallest (0-based) by m - i, cap
+    at 1, then carry the running maximum up the sorted order."""
+    order = sorted(range(len(p)), key=lambda i: p[i])
+    adjusted, running = [0.0] * len(p), 0.0
+    for i, k in enumerate(order):
+        running = max(running, min(1.0, (len(p) - i) * p[k]))
+        adjusted[k] = running
+    return adjusted
+
+
+def test_render_known_fixture_t_intervals_and_holm():
+    stats = pytest.importorskip("scipy.stats")
+    shifts = {  # per variant and metric, the difference to CE in seeds 0..7
+        ("ntl-was", ACC): [0.011, 0.023, 0.017, 0.031, 0.008, 0.026, 0.014, 0.020],   # 8 of 8 up
+        ("ntl-was", LMAE): [-0.05, 0.02, -0.03, -0.07, 0.01, -0.04, -0.06, -0.08],
+        ("ntl-mse", ACC): [0.010, -0.020, 0.015, -0.005, 0.030, -0.012, 0.004, -0.025],
+        ("ntl-mse", LMAE): [0.03, 0.05, 0.02, 0.04, 0.06, 0.01, 0.07, 0.045],          # 8 of 8 up
+    }
+    ce = {ACC: [0.50, 0.42, 0.61, 0.55, 0.47, 0.58, 0.44, 0.52],
+          LMAE: [0.30, 0.35, 0.22, 0.28, 0.33, 0.25, 0.31, 0.27]}
+    runs = [{"loss": "ce", "seed": s, "metrics": {m: ce[m][s] for m in ce}} for s in range(8)]
+    for variant in ("ntl-was", "ntl-mse"):
+        runs += [{"loss": variant, "seed": s,
+                  "metrics": {m: ce[m][s] + shifts[variant, m][s] for m in ce}} for s in range(8)]
+    result = {"command": "ntl-jax compare", "runs": runs, "table_metrics": [ACC, LMAE],
+              "summary": paired_stats.describe(runs), "settings": {"fused_loss": True}}
+    text = results_table.render(result)
+
+    keys = list(shifts)
+    diffs = {k: np.array([r["metrics"][k[1]] for r in runs if r["loss"] == k[0]])
+             - np.array(ce[k[1]]) for k in keys}
+    p = {k: stats.wilcoxon(diffs[k], method="exact").pvalue for k in keys}
+    holm = dict(zip(keys, _holm_by_hand([p[k] for k in keys])))
+    # the two all-positive comparisons: p = 2/2^8 each; Holm multiplies the smaller by 4
+    assert p["ntl-was", ACC] == p["ntl-mse", LMAE] == pytest.approx(2 / 256)
+    assert holm["ntl-was", ACC] == holm["ntl-mse", LMAE] == pytest.approx(4 * 2 / 256)
+    verdicts = {("ntl-was", ACC): "better (Holm p < 0.05)",
+                ("ntl-was", LMAE): "not distinguishable from zero",
+                ("ntl-mse", ACC): "not distinguishable from zero",
+                ("ntl-mse", LMAE): "worse (Holm p < 0.05)"}
+    for variant, metric in keys:
+        d = diffs[variant, metric]
+        lo, hi = stats.t.interval(0.95, d.size - 1, loc=d.mean(), scale=stats.sem(d))
+        up, down = int(np.sum(d > 0)), int(np.sum(d < 0))
+        better, worse = (up, down) if metric == ACC else (down, up)
+        arrow = " ↑" if metric == ACC else " ↓"
+        row = (f"| {variant} − ce | {results_table.metric_title(metric)}{arrow} | "
+               f"{results_table.fmt(d.mean())} | [{results_table.fmt(lo)}, {results_table.fmt(hi)}] "
+               f"| {better}/{worse}/0 | {results_table.fmt_p(p[variant, metric])} "
+               f"| {results_table.fmt_p(holm[variant, metric])} "
+               f"| {results_table.fmt_p(stats.binomtest(up, up + down).pvalue)} "
+               f"| {verdicts[variant, metric]} |")
+        assert row in text, row
+    # by hand: mean 0.01875, sd 0.0077782, sem 0.00275, t(0.975, 7) = 2.3646: 0.01875 -/+ 0.0065
+    assert "| ntl-was − ce | interpolate/number_accuracy ↑ | 0.019 | [0.012, 0.025] |" in text
+    assert "over the 4 comparisons of this table" in text
+
+
+def test_render_recomputes_the_paired_statistics_from_the_runs():
+    result = tiny_result()
+    result["paired"]["ntl-was"][LMAE]["ci95"] = [-0.5, 0.5]  # an interval of an older method
+    text = results_table.render(result)
+    assert "[-0.100, -0.100]" in text and "[-0.500, 0.500]" not in text
+    del result["runs"]
+    assert "[-0.500, 0.500]" in results_table.render(result)
+
+
+def test_seed_lines_join_each_seeds_runs_across_the_losses():
+    lines = cli_compare.seed_lines(tiny_result(), ACC, ["ce", "ntl-was"])
+    assert lines[0] == ([-0.15, 0.85], [0.7, 0.75])
+    assert lines[1][0] == [0.15, 1.15]
+    assert lines[1][1][0] == 0.5 and np.isnan(lines[1][1][1])   # missing: the line breaks
+    only = tiny_result()
+    only["summary"]["ce"][ACC] |= {"seeds": [3], "values": [0.7]}
+    assert cli_compare.seed_lines(only, ACC, ["ce"]) == {3: ([0.0], [0.7])}
 
 
 def test_render_of_computed_statistics_is_strict_json_and_consistent():
@@ -200,6 +298,28 @@ def test_script_check_and_rewrite(tmp_path):
     missing = _script(*args)
     assert missing.returncode == 2
     assert "gone" in missing.stderr
+
+
+def test_script_refresh_paired_recomputes_the_files_paired_section(tmp_path):
+    readme, results_dir = _write(tmp_path, README)
+    path = results_dir / "tiny.json"
+    stale = tiny_result()
+    stale["paired"]["ntl-was"][LMAE]["ci95"] = [-0.5, 0.5]
+    path.write_text(json.dumps(stale))
+    args = ("--readme", readme, "--results", results_dir)
+    assert _script(*args, "--check", "--refresh-paired").returncode == 2
+    done = _script(*args, "--refresh-paired")
+    assert done.returncode == 0 and "tiny.json: recomputed" in done.stdout
+    refreshed = json.loads(path.read_text())
+    runs = tiny_result()["runs"]
+    assert refreshed["paired"] == json.loads(json.dumps(paired_stats.paired_comparison(
+        runs, metrics=sorted({m for r in runs for m in r["metrics"]}))))
+    assert refreshed["paired"]["ntl-was"][LMAE]["ci95"] == pytest.approx([-0.1, -0.1])
+    assert {k: v for k, v in refreshed.items() if k != "paired"} == {
+        k: v for k, v in stale.items() if k != "paired"}
+    assert readme.read_text() == README.replace("old table\n", EXPECTED + "\n")
+    again = _script(*args, "--refresh-paired")  # nothing left to change
+    assert again.returncode == 0 and again.stdout == ""
 
 
 def test_runs_from_before_the_fused_loss_say_how_to_repeat_them():
