@@ -294,32 +294,56 @@ def _shift_left(x, fill):
     return jnp.concatenate([x[:, 1:], jnp.full_like(x[:, :1], fill)], axis=1)
 
 
-def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None):
-    """Joins runs of digits into numbers, placing each number at its first digit.
+def target_digit_counts(targets, number_tokens: NumberTokens):
+    """`[batch, length]` int32: how many digits each target writes (`NumberTokens.digit_counts`
+    gathered by target id; 0 for ignored positions, ids beyond the table and non-numbers)."""
+    counts = jnp.asarray(number_tokens.digit_counts, jnp.int32)
+    in_vocab = (targets >= 0) & (targets < number_tokens.vocab_size)
+    return jnp.where(in_vocab, counts[jnp.where(in_vocab, targets, 0)], 0)
+
+
+def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_counts=None):
+    """Joins runs of number tokens into numbers, placing each number at its first token.
 
     The vectorised twin of ntloss's `NumberLevelLoss.convert_digits_to_numbers`: a run
     of consecutive digits d_1..d_k is the number sum_i d_i 10^(k-i); when `dot_id` is
     given, a single `.` between two digits does not break the run (and contributes
     nothing, so 12.34 reads as 1234, as in ntloss).
 
+    Multi-digit tokens (beyond ntloss, whose number-level loss takes single digits only):
+    with `digit_counts`, each token is placed by the digits the tokens after it in its
+    run write, `sum_i v_i 10^(c_{i+1} + ... + c_k)`, so the pieces "123", "4" read 1234
+    and "12", "007" read 12007 (leading zeros count). A number token that writes no
+    plain digits (count 0: "-1", "3.5", "1e3") is a number of its own: it breaks runs on
+    both sides and is its own value, since a sign, point or exponent has no place in a
+    run of digits. Places beyond 10^19 are clipped to 10^19, as ntloss's powers of ten.
+
     Args:
-      is_digit: `[batch, length]` bool.
-      digit_values: `[batch, length]` digit values (any real values at digit positions).
+      is_digit: `[batch, length]` bool, the number-token positions.
+      digit_values: `[batch, length]` values (any real values at number positions).
       targets: `[batch, length]` token ids, needed only with `dot_id`.
       dot_id: the id of `.`, or None to let a dot break numbers.
+      digit_counts: `[batch, length]` int, the digits each position's target writes
+        (`target_digit_counts`), or None for single-digit tokens (1 at every number).
 
     Returns:
-      `(starts, numbers)`: `starts` `[batch, length]` marks the first digit of each
+      `(starts, numbers)`: `starts` `[batch, length]` marks the first token of each
       number, `numbers` holds its value there (and 0 elsewhere).
     """
     batch, length = is_digit.shape
-    digit_prev = _shift_right(is_digit, False)
-    in_number = is_digit
+    if digit_counts is None:
+        joins, counts = is_digit, is_digit.astype(jnp.int32)
+    else:
+        counts = jnp.where(is_digit, digit_counts, 0).astype(jnp.int32)
+        joins = counts > 0
+    alone = is_digit & ~joins  # count-0 number tokens: numbers of one token
+    digit_prev = _shift_right(joins, False)
+    in_number = joins
     continues = digit_prev
     if dot_id is not None:
         is_dot = targets == dot_id
-        dot_between_digits = is_dot & digit_prev & _shift_left(is_digit, False)
-        in_number = is_digit | dot_between_digits
+        dot_between_digits = is_dot & digit_prev & _shift_left(joins, False)
+        in_number = joins | dot_between_digits
         continues = digit_prev | (_shift_right(is_dot, False) & _shift_right(digit_prev, False))
     starts = in_number & ~continues  # always a digit: a dot in a number continues it
 
@@ -332,14 +356,14 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None):
     def segment_sum(x):
         return jax.ops.segment_sum(x.reshape(-1), flat_seg, num_segments=num_segments)
 
-    # Exponent of each digit: how many digits of its number come after it.
-    digits_before = jnp.cumsum(is_digit, axis=1) - is_digit  # digits strictly before t
-    count = segment_sum(is_digit.astype(jnp.int32))[seg]
+    # Exponent of each token: how many digits of its number come after it.
+    digits_before = jnp.cumsum(counts, axis=1) - counts  # digits strictly before t
+    total = segment_sum(counts)[seg]
     offset = segment_sum(jnp.where(starts, digits_before, 0))[seg]
-    exponent = jnp.clip(count - (digits_before - offset) - 1, 0, _MAX_NUMBER_LENGTH - 1)
-    contribution = jnp.where(is_digit, digit_values * (10.0 ** exponent.astype(jnp.float32)), 0.0)
-    numbers = jnp.where(starts, segment_sum(contribution)[seg], 0.0)
-    return starts, numbers
+    exponent = jnp.clip(total - (digits_before - offset) - counts, 0, _MAX_NUMBER_LENGTH - 1)
+    contribution = jnp.where(joins, digit_values * (10.0 ** exponent.astype(jnp.float32)), 0.0)
+    numbers = jnp.where(starts, segment_sum(contribution)[seg], jnp.where(alone, digit_values, 0.0))
+    return starts | alone, numbers
 
 
 # -- the variants: one small function each of the number prediction and the target ----
@@ -400,12 +424,17 @@ def _regression(fn):
 
 
 def _number_level(float_level: bool):
-    """Symmetric MAPE on whole numbers, placed at their first digit (`NumberLevelLoss`)."""
+    """Symmetric MAPE on whole numbers, placed at their first token (`NumberLevelLoss`).
+
+    Both the label and the prediction are placed by the target's digit counts, so a
+    multi-digit tokenizer's "123", "4" is scored as 1234 against `10 E[v_1] + E[v_2]`
+    (see `join_digit_runs`)."""
 
     def loss(prediction, target, number_tokens, squash_factor):
         dot_id = number_tokens.dot_id if float_level else None
-        starts, y = join_digit_runs(target.is_number, target.value, target.ids, dot_id)
-        _, yhat = join_digit_runs(target.is_number, prediction.value, target.ids, dot_id)
+        counts = target_digit_counts(target.ids, number_tokens)
+        starts, y = join_digit_runs(target.is_number, target.value, target.ids, dot_id, counts)
+        _, yhat = join_digit_runs(target.is_number, prediction.value, target.ids, dot_id, counts)
         # Bounded in [0, 1].
         return jnp.abs(yhat - y) / (jnp.abs(yhat) + jnp.abs(y) + _EPS), starts
 
@@ -578,6 +607,14 @@ def number_level_loss(
     `|yhat - y| / (|yhat| + |y| + eps)` at its first digit, weighted by that
     position's weight.
 
+    Multi-digit number tokens (a table built with `digit_level=False`, e.g. LLaMA-3's
+    "0".."999") go beyond ntloss, which takes single digits only here: a run of
+    plain-digit tokens is one number, each token's value (the label's, or the expected
+    value over all number tokens) placed by the digits the target tokens after it write
+    (`NumberTokens.digit_counts`), so "123", "4" is 1234 against `10 E[v_1] + E[v_2]`
+    and "12", "007" is 12007. Number tokens with a sign, point or exponent ("-1",
+    "3.5") are numbers on their own. On single-digit tables nothing changes.
+
     Args:
       logits, targets, number_tokens, weights, reduction: as in `ntl_was`.
       float_level: let a single `.` between digits join them (needs a `.` token).
@@ -594,6 +631,10 @@ def number_level_loss(
     >>> logits = sure(jnp.array([[3, 2, 0]]))  # predicts "21", label "12"
     >>> round(float(number_level_loss(logits, jnp.array([[2, 3, 0]]), nt, reduction="sum")), 4)
     0.2727
+    >>> wide = NumberTokens.from_pieces(["<pad>", "4", "5", "123", "007"], digit_level=False)
+    >>> logits = jnp.log(jax.nn.one_hot(jnp.array([[3, 2, 0]]), 5) + 1e-30)  # predicts "123", "5"
+    >>> round(float(number_level_loss(logits, jnp.array([[3, 1, 0]]), wide, reduction="sum")), 6)  # 1/2469
+    0.000405
     """
     check_bool("float_level", float_level)
     kind = "number_level_float" if float_level else "number_level"
