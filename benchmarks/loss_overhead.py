@@ -35,6 +35,10 @@ temporaries - aliased), reported as a ratio vs the table's reference.
     python benchmarks/loss_overhead.py --quick         # tiny shapes, a few seconds
     python benchmarks/loss_overhead.py --shapes 8x64x32128 --dtypes f32 --repeats 20
     python benchmarks/loss_overhead.py --usage standalone --out results/overhead.json
+    python benchmarks/loss_overhead.py --vocab llama3 --kinds was,mse --no-ntloss   # 1,110 number tokens
+
+`--vocab llama3` swaps T5's ten digits for a LLaMA-3-like table (`vocabularies.py`):
+vocabulary 128,256 with the 1,110 number pieces 0-999, 00-09 and 000-099 at scattered ids.
 """
 
 from __future__ import annotations
@@ -52,11 +56,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+from vocabularies import VOCABS, llama3_number_tokens, llama3_pieces, sample_targets
 
 KINDS = ("was", "mse", "mae", "huber", "number_level")
 USAGES = ("objective", "standalone")
 DEFAULT_SHAPES = "8x64x32128,32x128x32128"
 QUICK_SHAPES = "2x8x64"
+LLAMA3_SHAPES = "4x128x128256,8x128x128256"
+LLAMA3_QUICK_SHAPES = "2x8x128256"
 NTL_WEIGHT = 0.3
 # Share of target positions that are digits: the NTL terms are computed at every
 # position in ntl_jax (masks), but only at digit positions in ntloss (boolean indexing).
@@ -101,16 +108,35 @@ def hf_tokenizer(pieces: list[str]):
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>")
 
 
-def make_inputs(shape, seed=0):
-    """Random logits (f32) and targets: about DIGIT_SHARE digits in runs, the rest words."""
+def parse_kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(","))
+    for k in kinds:
+        if k not in KINDS:
+            raise ValueError(f"expected kinds from {', '.join(KINDS)}, got {k!r}")
+    return kinds
+
+
+def vocabulary(vocab_kind: str, vocab: int):
+    """`(pieces, number_tokens)` of the `--vocab` table at `vocab` pieces."""
+    import ntl_jax
+
+    if vocab_kind == "llama3":
+        return llama3_pieces(vocab), llama3_number_tokens(vocab)
+    pieces = vocabulary_pieces(vocab)
+    return pieces, ntl_jax.NumberTokens.from_pieces(pieces)
+
+
+def make_inputs(shape, seed=0, number_ids=None):
+    """Random logits (f32) and targets: about DIGIT_SHARE number tokens (by default
+    the digits, ids 4-13), the rest other pieces (by default ids 14 on: no specials)."""
     batch, length, vocab = shape
     rng = np.random.default_rng(seed)
     logits = (rng.standard_normal(shape, dtype=np.float32) * 2.0)
-    digit_ids = 4 + rng.integers(0, 10, size=(batch, length))
-    word_ids = rng.integers(14, vocab, size=(batch, length))
-    is_digit = rng.uniform(size=(batch, length)) < DIGIT_SHARE
-    targets = np.where(is_digit, digit_ids, word_ids).astype(np.int64)
-    return logits, targets
+    if number_ids is None:
+        number_ids, other_ids = np.arange(4, 14), np.arange(14, vocab)
+    else:
+        other_ids = np.setdiff1d(np.arange(vocab), number_ids)
+    return logits, sample_targets(rng, (batch, length), number_ids, other_ids, DIGIT_SHARE)
 
 
 def make_weights(shape, seed=0):
@@ -122,7 +148,7 @@ def make_weights(shape, seed=0):
 # -- JAX variants ---------------------------------------------------------------------
 
 
-def jax_variants(number_tokens) -> dict[str, Callable]:
+def jax_variants(number_tokens, kinds=KINDS) -> dict[str, Callable]:
     """name -> scalar loss(logits, targets); jitted with its logits gradient later."""
     import jax.numpy as jnp
     import optax
@@ -143,13 +169,13 @@ def jax_variants(number_tokens) -> dict[str, Callable]:
             optax.softmax_cross_entropy_with_integer_labels(logits, targets)
         ),
     }
-    for kind in KINDS:
+    for kind in kinds:
         for reweigh in (False, True):
             variants[kind + ("+rw" if reweigh else "")] = objective(kind, reweigh)
     return variants
 
 
-def standalone_variants(number_tokens) -> dict[str, Callable]:
+def standalone_variants(number_tokens, kinds=KINDS) -> dict[str, Callable]:
     """name -> scalar loss(logits, targets, weights): the user's own optax cross-entropy,
     plus 0.3 x a standalone ntl_jax loss."""
     import jax.numpy as jnp
@@ -179,7 +205,7 @@ def standalone_variants(number_tokens) -> dict[str, Callable]:
         return loss
 
     variants = {"optax_ce": ce}
-    for kind in KINDS:
+    for kind in kinds:
         for reweigh in (False, True):
             variants[kind + ("+rw" if reweigh else "")] = plus(kind, reweigh)
     return variants
@@ -218,7 +244,7 @@ def ntloss_available() -> bool:
     return True
 
 
-def torch_variants(tokenizer) -> dict[str, Callable]:
+def torch_variants(tokenizer, kinds=KINDS) -> dict[str, Callable]:
     """name -> scalar loss(logits, labels) with torch cross-entropy (+ 0.3 * ntloss)."""
     import ntloss
     import torch.nn.functional as F
@@ -237,7 +263,7 @@ def torch_variants(tokenizer) -> dict[str, Callable]:
         return lambda logits, labels: ce(logits, labels) + NTL_WEIGHT * obj(logits, labels, reduction="sum")
 
     variants = {"ce": ce}
-    for kind in KINDS:
+    for kind in kinds:
         for reweigh in (False, True):
             variants[kind + ("+rw" if reweigh else "")] = build(kind, reweigh)
     return variants
@@ -272,21 +298,27 @@ def median_ratio(num: Runner, den: Runner) -> float | None:
     return statistics.median(a / b for a, b in zip(num.times, den.times))
 
 
+def ratio_quartiles(num: Runner, den: Runner) -> list[float] | None:
+    """`[q1, q3]` of the per-round ratios num/den: their spread on a loaded machine."""
+    if num.error or den.error or len(num.times) < 2 or len(den.times) < 2:
+        return None
+    q1, _, q3 = statistics.quantiles([a / b for a, b in zip(num.times, den.times)], n=4)
+    return [q1, q3]
+
+
 # Runner keys are "<prefix>:<variant>"; one prefix per table (and one for torch + ntloss).
 PREFIX = {"objective": "jax", "standalone": "std"}
 
 
-def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, usages=("objective",)):
+def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, usages=("objective",),
+                   vocab_kind="t5", kinds=KINDS):
     """Runners ("jax:<name>", "std:<name>", "ntloss:<name>") timed interleaved, peak bytes
     of the JAX ones (same keys) and the number of rounds."""
     import jax
     import jax.numpy as jnp
 
-    import ntl_jax
-
-    pieces = vocabulary_pieces(shape[-1])
-    number_tokens = ntl_jax.NumberTokens.from_pieces(pieces)
-    logits_np, targets_np = make_inputs(shape)
+    pieces, number_tokens = vocabulary(vocab_kind, shape[-1])
+    logits_np, targets_np = make_inputs(shape, number_ids=None if vocab_kind == "t5" else number_tokens.ids)
     jdtype = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype_name]
     logits = jnp.asarray(logits_np).astype(jdtype)
     targets = jnp.asarray(targets_np, jnp.int32)
@@ -297,7 +329,7 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, 
     compile_start = time.perf_counter()
     lowered = {}  # key -> (name, lowered step, its arguments)
     for usage in usages:
-        variants = jax_variants(number_tokens) if usage == "objective" else standalone_variants(number_tokens)
+        variants = (jax_variants if usage == "objective" else standalone_variants)(number_tokens, kinds)
         args = (logits, targets) if usage == "objective" else (logits, targets, weights)
         for name, fn in variants.items():
             lowered[f"{PREFIX[usage]}:{name}"] = (name, lowered_step(fn, *args), args)
@@ -326,7 +358,7 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, 
 
             return call
 
-        for name, fn in torch_variants(tokenizer).items():
+        for name, fn in torch_variants(tokenizer, kinds).items():
             runners["ntloss:" + name] = Runner(name, torch_call(fn))
 
     repeats = interleave(runners, repeats, budget_s, log)
@@ -372,6 +404,7 @@ def table_rows(usage, runners, peaks, repeats) -> list[dict]:
             "variant": runner.name,
             "reference": ref.name,
             "time_ratio": median_ratio(runner, ref),
+            "time_ratio_quartiles": ratio_quartiles(runner, ref),
             "median_ms": statistics.median(runner.times) * 1e3 if runner.times else None,
             "peak_ratio": None if peak is None or not ref_peak else peak / ref_peak,
             "peak_bytes": peak,
@@ -438,7 +471,13 @@ def cpu_model() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=None,
-                        help=f"comma-separated BxLxV logits shapes (default {DEFAULT_SHAPES})")
+                        help=f"comma-separated BxLxV logits shapes (default {DEFAULT_SHAPES}; "
+                             f"{LLAMA3_SHAPES} with --vocab llama3)")
+    parser.add_argument("--vocab", choices=VOCABS, default="t5",
+                        help="number-token table: t5 (default: digits 0-9 once, digit level) or llama3 "
+                             "(1,110 number pieces 0-999, 00-09, 000-099 at scattered ids; needs V >= 4096)")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"comma-separated NTL variants to measure (default {','.join(KINDS)})")
     parser.add_argument("--dtypes", default="f32,bf16", help="comma-separated, from f32, bf16")
     parser.add_argument("--repeats", type=int, default=None,
                         help="interleaved rounds per shape/dtype (default: rounds until --budget "
@@ -454,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "two tables, all variants interleaved in the same rounds")
     parser.add_argument("--out", default=None, metavar="FILE.json",
                         help="also write every measured row (both tables) to this JSON file")
-    parser.add_argument("--quick", action="store_true", help=f"tiny shapes ({QUICK_SHAPES}) for a smoke run")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"tiny shapes ({QUICK_SHAPES}; {LLAMA3_QUICK_SHAPES} with --vocab llama3) for a smoke run")
     parser.add_argument("--no-ntloss", action="store_true", help="skip the torch + ntloss comparison")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: the CPUs this process may use)")
@@ -462,11 +502,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    command = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(command)
+    llama3 = args.vocab == "llama3"
+    default_shapes = {(False, False): DEFAULT_SHAPES, (False, True): QUICK_SHAPES,
+                      (True, False): LLAMA3_SHAPES, (True, True): LLAMA3_QUICK_SHAPES}[llama3, args.quick]
     try:
-        shapes = parse_shapes(args.shapes or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES))
+        shapes = parse_shapes(args.shapes or default_shapes)
         dtypes = parse_dtypes(args.dtypes)
         ntloss_dtypes = parse_dtypes(args.ntloss_dtypes) if args.ntloss_dtypes else []
+        kinds = parse_kinds(args.kinds)
+        if llama3:
+            for shape in shapes:
+                llama3_pieces(shape[-1])  # the vocabulary must hold the number tokens
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -478,8 +526,9 @@ def run(argv=None) -> int:
 
     usages = USAGES if args.usage == "both" else (args.usage,)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    # torch + ntloss is compared with the objective table only.
-    with_ntloss = "objective" in usages and not args.no_ntloss and ntloss_available()
+    # torch + ntloss is compared with the objective table only, on T5's digits (ntloss's
+    # NTLoss reads digit tokens only: it has no table of multi-digit pieces to compare).
+    with_ntloss = "objective" in usages and not args.no_ntloss and not llama3 and ntloss_available()
     threads = args.threads or cpus
 
     def log(msg):
@@ -489,7 +538,8 @@ def run(argv=None) -> int:
     machine = f"{cpu_model()}, nproc {os.cpu_count()}, usable CPUs {cpus}"
     print("## NTL overhead: forward+backward (gradient w.r.t. logits), jitted\n")
     print(f"- date: {date}")
-    print(f"- machine: {machine}, load average {os.getloadavg()[0]:.2f} at start")
+    load_start = os.getloadavg()[0]
+    print(f"- machine: {machine}, load average {load_start:.2f} at start")
     print(f"- jax {jax.__version__} on {jax.devices()[0].platform} "
           f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
     if with_ntloss:
@@ -500,10 +550,18 @@ def run(argv=None) -> int:
         print(f"- torch {torch.__version__} ({torch.get_num_threads()} intra-op threads), "
               f"ntloss {getattr(ntloss, '__version__', '0.3.2')}")
     elif "objective" in usages:
-        print("- torch + ntloss comparison: skipped" + (" (--no-ntloss)" if args.no_ntloss else " (not installed)"))
+        why = "--no-ntloss" if args.no_ntloss else "--vocab llama3" if llama3 else "not installed"
+        print(f"- torch + ntloss comparison: skipped ({why})")
     if with_ntloss:
         print(f"- torch + ntloss run for: {', '.join(ntloss_dtypes) or 'none'}")
-    print(f"- {int(DIGIT_SHARE * 100)}% of targets are digits; time ratios"
+    if llama3:
+        nt = llama3_number_tokens(shapes[0][-1])
+        print(f"- vocabulary: LLaMA-3-like, {len(nt.ids):,} number tokens (0-999, 00-09, 000-099; digit_level=False) "
+              f"at scattered ids among {nt.vocab_size:,}")
+    else:
+        print("- vocabulary: T5-like, the digits 0-9 once (digit level)")
+    noun = "number tokens" if llama3 else "digits"
+    print(f"- {int(DIGIT_SHARE * 100)}% of targets are {noun}; time ratios"
           + (" (and torch / ntl_jax)" if with_ntloss else "")
           + " are medians of per-round ratios; every round runs all variants"
           + (" (of all tables)" if len(usages) > 1 else "") + " once in a fresh random order")
@@ -524,16 +582,18 @@ def run(argv=None) -> int:
             log(f"logits {list(shape)} {dtype_name}")
             runners, peaks, repeats = measure_config(
                 shape, dtype_name, repeats, with_ntloss and dtype_name in ntloss_dtypes, log, args.budget,
-                usages)
+                usages, args.vocab, kinds)
             for usage in usages:
                 print(format_table(shape, dtype_name, runners, peaks, repeats, usage) + "\n", flush=True)
-                rows += [{"shape": "x".join(map(str, shape)), "dtype": dtype_name, **row,
+                rows += [{"shape": "x".join(map(str, shape)), "dtype": dtype_name, "vocab": args.vocab, **row,
                           "date": date, "jax": jax.__version__, "machine": machine}
                          for row in table_rows(usage, runners, peaks, repeats)]
     if args.out:
         # date / jax / machine also in every row, so files of split runs can be merged.
         payload = {"date": date, "jax": jax.__version__, "device": jax.devices()[0].platform,
-                   "machine": machine, "ntl_weight": NTL_WEIGHT, "digit_share": DIGIT_SHARE,
+                   "machine": machine, "vocab": args.vocab, "load_average": [load_start, os.getloadavg()[0]],
+                   "command": " ".join(["python", "benchmarks/loss_overhead.py", *command]),
+                   "ntl_weight": NTL_WEIGHT, "digit_share": DIGIT_SHARE,
                    "masked_share": MASKED_SHARE, "rows": rows}
         with open(args.out, "w") as f:
             json.dump(payload, f, indent=1)

@@ -1,6 +1,7 @@
 """Smoke test of benchmarks/loss_overhead.py: its --quick mode prints both full tables
 (the cross_entropy_and_ntl objective and optax CE + the standalone losses) and writes them
-as JSON.
+as JSON, on T5's digits and on the LLaMA-3-like table (`--vocab llama3`); the same for
+benchmarks/fused_loss.py, and the LLaMA-3-like table itself against its definition.
 
 Times are not checked (no timing asserts); the peak-memory ratio of the reference rows is.
 """
@@ -97,6 +98,68 @@ def test_bad_shape_is_rejected():
     assert "expected shapes like 8x64x32128" in result.stderr
 
 
+def test_llama3_vocabulary_too_small_or_unknown_kind_is_rejected():
+    for extra, message in ((["--vocab", "llama3", "--shapes", "2x8x2000"], "expected a vocabulary of at least 4096"),
+                           (["--kinds", "was,wass"], "expected kinds from was, mse")):
+        result = subprocess.run([sys.executable, str(SCRIPT), *extra], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr, result.stderr
+
+
+def test_llama3_table_holds_every_piece_of_one_to_three_digits():
+    """1,110 number tokens: 0-999 once, 0-9 three times ("7", "07", "007") and 10-99 twice
+    ("42", "042"); digits at LLaMA-3's ids 15-24, "." at 13, the rest scattered."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vocabularies", SCRIPT.parent / "vocabularies.py")
+    vocabularies = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vocabularies)
+    pieces = vocabularies.llama3_pieces()
+    nt = vocabularies.llama3_number_tokens()
+    assert len(pieces) == nt.vocab_size == 128_256
+    expected = {p: float(p) for p in [str(n) for n in range(1000)] + [f"{n:02d}" for n in range(10)]
+                + [f"{n:03d}" for n in range(100)]}
+    found = {pieces[i]: float(v) for i, v in zip(nt.ids.tolist(), nt.number_values.tolist())}
+    assert found == expected and len(nt.ids) == 1110
+    counts = {}
+    for value in found.values():
+        counts[value] = counts.get(value, 0) + 1
+    assert counts == {float(v): 3 if v < 10 else 2 if v < 100 else 1 for v in range(1000)}
+    assert [pieces[i] for i in range(15, 25)] == [str(d) for d in range(10)] and nt.dot_id == 13
+    gaps = [b - a for a, b in zip(nt.ids.tolist(), nt.ids.tolist()[1:])]
+    assert max(gaps) > 100 and gaps.count(1) < 20  # spread out, not a block
+    assert all(p.startswith("<|") for p in pieces[-256:])
+    assert vocabularies.llama3_pieces() == pieces  # seeded: the same table every run
+
+
+def test_quick_run_with_the_llama3_table(tmp_path):
+    out = tmp_path / "overhead.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--vocab", "llama3", "--kinds", "was,mse", "--dtypes", "f32",
+         "--repeats", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "1,110 number tokens (0-999, 00-09, 000-099; digit_level=False) at scattered ids among 128,256" \
+        in result.stdout
+    assert "torch + ntloss comparison: skipped (--vocab llama3)" in result.stdout
+    tables = _tables(result.stdout)
+    objective, standalone = "### logits [2, 8, 128256] f32 (2 rounds)", \
+        "### optax CE + standalone loss: logits [2, 8, 128256] f32 (2 rounds)"
+    assert list(tables) == [objective, standalone]
+    assert list(tables[objective]) == ["ce", "optax_ce", "was", "was+rw", "mse", "mse+rw"]
+    assert list(tables[standalone]) == ["optax_ce", "was", "was+rw", "mse", "mse+rw"]
+    written = json.loads(out.read_text())
+    assert written["vocab"] == "llama3" and "--vocab llama3" in written["command"]
+    for row in written["rows"]:
+        assert row["shape"] == "2x8x128256" and row["vocab"] == "llama3" and row["time_ratio"] > 0
+        q1, q3 = row["time_ratio_quartiles"]
+        assert q1 <= q3
+        # The N columns' gradient and [B, L, N] temporaries: a few percent over the
+        # reference's logits and their gradient, never a second [B, L, V] buffer.
+        assert 0.999 < row["peak_ratio"] < 1.1, row
+
+
 def test_fused_loss_benchmark_runs_and_reports_less_memory(tmp_path):
     """benchmarks/fused_loss.py at small shapes: every variant timed, and the fused
     function's compiled temporaries at a chunk of a quarter of the vocabulary are under half
@@ -113,12 +176,40 @@ def test_fused_loss_benchmark_runs_and_reports_less_memory(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     variants = {r["variant"] for r in rows}
-    assert variants == {"optax CE", "unfused", "fused", "fused c=1000", "token chunks 512"}
+    assert variants == {"optax CE", "unfused", "fused", "fused CE", "fused c=1000", "token chunks 512"}
     assert all(r["median_seconds"] > 0 for r in rows)
+    for row in rows:  # the logits appear in the unfused HLO; in the fused one, never at chunks below V
+        if row["variant"] in ("optax CE", "unfused", "fused c=1000"):
+            assert (row["logits_shaped_arrays"] > 0) == (row["variant"] != "fused c=1000"), row
     by_variant = {(r["dtype"], r["variant"]): r for r in rows}
     for dtype in ("float32", "bfloat16"):
         # One chunk would be the whole vocabulary here; 1000 columns are a quarter of it.
         assert by_variant[(dtype, "fused c=1000")]["temp_bytes"] < by_variant[(dtype, "unfused")]["temp_bytes"] / 2
+
+
+def test_fused_loss_benchmark_with_the_llama3_table(tmp_path):
+    """`fused_loss.py --vocab llama3` at a small shape (two default chunks): the fused head,
+    with and without NTL, forms no `[B, L, V]` array, and at 2,048 columns a chunk it needs
+    a fraction of the unfused temporaries."""
+    out = tmp_path / "fused.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "fused_loss.py"), "--vocab", "llama3", "--shapes", "1x128x128256",
+         "--d-model", "32", "--rounds", "1", "--dtypes", "float32", "--chunk-sizes", "2048", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = json.loads(out.read_text())
+    assert written["vocab"] == "llama3" and "--vocab llama3" in written["command"]
+    rows = {r["variant"]: r for r in written["rows"]}
+    assert set(rows) == {"optax CE", "unfused", "fused", "fused CE", "fused c=2048"}
+    logits_bytes = 128 * 128_256 * 4
+    for name, row in rows.items():
+        assert row["median_seconds"] > 0 and row["time_vs_fused_ce"] > 0
+        if name.startswith("fused"):
+            assert row["logits_shaped_arrays"] == 0, row
+        else:
+            assert row["logits_shaped_arrays"] > 0 and row["temp_bytes"] >= logits_bytes, row
+    assert rows["fused c=2048"]["temp_bytes"] < logits_bytes / 4, rows["fused c=2048"]
 
 
 def test_fused_loss_benchmark_sharded_reports_gathers_and_memory(tmp_path):
