@@ -295,14 +295,18 @@ def _shift_left(x, fill):
 
 
 def target_digit_counts(targets, number_tokens: NumberTokens):
-    """`[batch, length]` int32: how many digits each target writes (`NumberTokens.digit_counts`
-    gathered by target id; 0 for ignored positions, ids beyond the table and non-numbers)."""
-    counts = jnp.asarray(number_tokens.digit_counts, jnp.int32)
+    """`(counts, opens)`, both `[batch, length]`: how many digits each target writes
+    (`NumberTokens.digit_counts` gathered by target id; 0 for ignored positions, ids
+    beyond the table and non-numbers), and whether it begins a new number
+    (`NumberTokens.opens_number`)."""
     in_vocab = (targets >= 0) & (targets < number_tokens.vocab_size)
-    return jnp.where(in_vocab, counts[jnp.where(in_vocab, targets, 0)], 0)
+    ids = jnp.where(in_vocab, targets, 0)
+    counts = jnp.asarray(number_tokens.digit_counts, jnp.int32)[ids]
+    opens = jnp.asarray(number_tokens.opens_number, bool)[ids]
+    return jnp.where(in_vocab, counts, 0), in_vocab & opens
 
 
-def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_counts=None):
+def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_counts=None, opens=None):
     """Joins runs of number tokens into numbers, placing each number at its first token.
 
     The vectorised twin of ntloss's `NumberLevelLoss.convert_digits_to_numbers`: a run
@@ -325,6 +329,8 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
       dot_id: the id of `.`, or None to let a dot break numbers.
       digit_counts: `[batch, length]` int, the digits each position's target writes
         (`target_digit_counts`), or None for single-digit tokens (1 at every number).
+      opens: `[batch, length]` bool, True where a target begins a new number whatever
+        precedes it (a space-marked piece such as "Ġ12"), or None for none.
 
     Returns:
       `(starts, numbers)`: `starts` `[batch, length]` marks the first token of each
@@ -337,14 +343,15 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
         counts = jnp.where(is_digit, digit_counts, 0).astype(jnp.int32)
         joins = counts > 0
     alone = is_digit & ~joins  # count-0 number tokens: numbers of one token
+    opens = jnp.zeros_like(joins) if opens is None else opens
     digit_prev = _shift_right(joins, False)
     in_number = joins
-    continues = digit_prev
+    continues = digit_prev & ~opens
     if dot_id is not None:
         is_dot = targets == dot_id
-        dot_between_digits = is_dot & digit_prev & _shift_left(joins, False)
+        dot_between_digits = is_dot & digit_prev & _shift_left(joins & ~opens, False)
         in_number = joins | dot_between_digits
-        continues = digit_prev | (_shift_right(is_dot, False) & _shift_right(digit_prev, False))
+        continues = (digit_prev | (_shift_right(is_dot, False) & _shift_right(digit_prev, False))) & ~opens
     starts = in_number & ~continues  # always a digit: a dot in a number continues it
 
     # Segment ids, unique across the batch: row b uses b * (length + 1) + [0 .. length].
@@ -432,9 +439,9 @@ def _number_level(float_level: bool):
 
     def loss(prediction, target, number_tokens, squash_factor):
         dot_id = number_tokens.dot_id if float_level else None
-        counts = target_digit_counts(target.ids, number_tokens)
-        starts, y = join_digit_runs(target.is_number, target.value, target.ids, dot_id, counts)
-        _, yhat = join_digit_runs(target.is_number, prediction.value, target.ids, dot_id, counts)
+        counts, opens = target_digit_counts(target.ids, number_tokens)
+        starts, y = join_digit_runs(target.is_number, target.value, target.ids, dot_id, counts, opens)
+        _, yhat = join_digit_runs(target.is_number, prediction.value, target.ids, dot_id, counts, opens)
         # Bounded in [0, 1].
         return jnp.abs(yhat - y) / (jnp.abs(yhat) + jnp.abs(y) + _EPS), starts
 

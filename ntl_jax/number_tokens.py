@@ -51,6 +51,9 @@ class NumberTokens:
         run of digits (`7` 1, `07` 2, `123` 3), else 0 (non-numbers, and number tokens
         with a sign, point or exponent, such as `-1` or `3.5`). The number-level loss
         places a token's value by the digit counts of the tokens after it.
+      opens_number: `[V]` bool, True for number tokens that begin a new number whatever
+        precedes them: the space-marked pieces (`Ġ12`, `▁12`) read with
+        `prefixed_numbers=True`, so the number-level loss reads "3", "Ġ12" as 3 and 12.
       dot_id: id of the `.` token, or None (used by the float-level number loss).
       vocab_size: `V`.
 
@@ -59,11 +62,13 @@ class NumberTokens:
     ([2, 3], [1.0, 0.0], 5)
     """
 
-    def __init__(self, values: Any, ids: Any, number_values: Any, digit_counts: Any, *, dot_id: int | None):
+    def __init__(self, values: Any, ids: Any, number_values: Any, digit_counts: Any, opens_number: Any, *,
+                 dot_id: int | None):
         self.values = values
         self.ids = ids
         self.number_values = number_values
         self.digit_counts = digit_counts
+        self.opens_number = opens_number
         self.dot_id = dot_id
 
     # -- construction -------------------------------------------------------------
@@ -97,6 +102,7 @@ class NumberTokens:
         pieces = list(pieces)
         values = np.full((len(pieces),), np.nan, dtype=np.float32)
         digit_counts = np.zeros((len(pieces),), dtype=np.int32)
+        opens_number = np.zeros((len(pieces),), dtype=bool)
         dot_id = None
         for i, piece in enumerate(pieces):
             if not isinstance(piece, str):
@@ -106,11 +112,12 @@ class NumberTokens:
             number = piece[1:] if stripped else piece
             value = _parse_number(number, digit_level=digit_level)
             if value is None and stripped:
-                number = piece
+                stripped, number = False, piece
                 value = _parse_number(number, digit_level=digit_level)
             if value is not None:
                 values[i] = value
                 digit_counts[i] = len(number) if _DIGITS.issuperset(number) else 0
+                opens_number[i] = stripped
             elif piece == "." and dot_id is None:
                 dot_id = i
         is_number = ~np.isnan(values)
@@ -126,7 +133,7 @@ class NumberTokens:
                 "pieces that are all numbers"
             )
         ids = np.flatnonzero(is_number).astype(np.int32)
-        return cls(values, ids, values[ids], digit_counts, dot_id=dot_id)
+        return cls(values, ids, values[ids], digit_counts, opens_number, dot_id=dot_id)
 
     @classmethod
     def from_tokenizer(
@@ -198,7 +205,7 @@ class NumberTokens:
     # -- pytree -------------------------------------------------------------------
 
     def tree_flatten(self):
-        return (self.values, self.ids, self.number_values, self.digit_counts), self.dot_id
+        return (self.values, self.ids, self.number_values, self.digit_counts, self.opens_number), self.dot_id
 
     @classmethod
     def tree_unflatten(cls, dot_id, children):

@@ -176,7 +176,7 @@ def test_digit_counts_place_each_piece():
     got = ntl_jax.number_level_loss(logits, targets, NT)
     np.testing.assert_allclose(got, [[smape(1235, 1234), 0, 0, smape(12070, 12007), 0, 0]], rtol=1e-5)
     starts, numbers = join_digit_runs(targets > 5, jnp.asarray([[123.0, 4, 0, 12, 7, 0]]),
-                                      digit_counts=target_digit_counts(targets, NT))
+                                      digit_counts=target_digit_counts(targets, NT)[0])
     assert starts.tolist() == [[True, False, False, True, False, False]]
     assert numbers.tolist() == [[1234.0, 0, 0, 12007.0, 0, 0]]
 
@@ -193,6 +193,26 @@ def test_number_tokens_without_digit_count_stand_alone():
     np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, NT, float_level=True), [want_float],
                                rtol=1e-5, atol=1e-7)
     assert want_int[1] > 0.9 and want_float[7] > 0  # the lone and joined terms are not trivially 0
+
+
+def test_space_marked_pieces_begin_a_new_number():
+    """With `prefixed_numbers=True`, "Ġ12" is 12 and begins a number of its own: "3","Ġ12"
+    are the numbers 3 and 12 (not 312), while "Ġ12","34" is 1234; with float_level a dot
+    does not join across the space either ("1",".","Ġ5" is 1 and 5)."""
+    pieces = ["<pad>", "a", ".", "Ġ"] + [str(i) for i in range(100)] + [f"Ġ{i}" for i in range(100)]
+    nt = NumberTokens.from_pieces(pieces, digit_level=False, prefixed_numbers=True)
+    tid = pieces.index
+    opens = np.asarray(nt.opens_number)
+    assert opens[[tid("Ġ12"), tid("12"), tid("Ġ"), tid("a")]].tolist() == [True, False, False, False]
+    targets = jnp.asarray([[tid("3"), tid("Ġ12"), tid("34"), tid("a"), tid("1"), tid("."), tid("Ġ5")]])
+    guess = [tid("4"), tid("Ġ12"), tid("35"), tid("a"), tid("2"), tid("."), tid("Ġ5")]
+    logits = jnp.log(jax.nn.one_hot(jnp.asarray([guess]), len(pieces)) + 1e-30)
+    want = [smape(4, 3), smape(1235, 1234), 0, 0, smape(2, 1), 0, 0]
+    for float_level in (False, True):
+        got = ntl_jax.number_level_loss(logits, targets, nt, float_level=float_level)
+        np.testing.assert_allclose(got, [want], rtol=1e-5, atol=1e-7, err_msg=f"float_level={float_level}")
+    unmarked = NumberTokens.from_pieces(pieces, digit_level=False)  # "Ġ12" is no number there
+    assert not np.asarray(unmarked.opens_number).any()
 
 
 # -- single-digit vocabularies: today's numbers -------------------------------------------

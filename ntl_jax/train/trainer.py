@@ -176,7 +176,9 @@ def number_tokens_of(vocabulary) -> NumberTokens:
 def number_tokens_digest(number_tokens: NumberTokens) -> str:
     """A hash of the tables of `number_tokens`: equal digests, equal loss terms."""
     h = hashlib.sha256(repr(number_tokens.dot_id).encode())
-    for table in (number_tokens.values, number_tokens.ids, number_tokens.number_values, number_tokens.digit_counts):
+    tables = (number_tokens.values, number_tokens.ids, number_tokens.number_values, number_tokens.digit_counts,
+              number_tokens.opens_number)
+    for table in tables:
         table = np.asarray(table)
         h.update(f"{table.dtype}{table.shape}".encode())
         h.update(table.tobytes())
