@@ -7,13 +7,16 @@ import pytest
 
 import ntl_jax.fused
 import ntl_jax.losses
+import ntl_jax.nnx_head
 import ntl_jax.number_tokens
 import ntl_jax.objective
+import ntl_jax.tokenizer_pieces
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
-MODULES = [ntl_jax.number_tokens, ntl_jax.losses, ntl_jax.objective, ntl_jax.fused]
+MODULES = [ntl_jax.number_tokens, ntl_jax.tokenizer_pieces, ntl_jax.losses, ntl_jax.objective, ntl_jax.fused,
+           ntl_jax.nnx_head]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
