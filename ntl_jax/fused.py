@@ -298,6 +298,7 @@ def fused_cross_entropy_and_ntl(
     squash_factor: float | None = None,
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
+    gce_sigma: float = 0.0,
     loss_normalizing_factor=None,
     decoder_segment_ids=None,
     decoder_positions=None,
@@ -324,8 +325,9 @@ def fused_cross_entropy_and_ntl(
       targets, number_tokens: as in `cross_entropy_and_ntl`; the kernel has a column
         per id of `number_tokens`' vocabulary, or more (ids beyond it are no numbers).
       weights, ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
-      loss_normalizing_factor, decoder_segment_ids, decoder_positions: exactly as in
-        `cross_entropy_and_ntl`.
+      gce_sigma, loss_normalizing_factor, decoder_segment_ids, decoder_positions: exactly
+        as in `cross_entropy_and_ntl` (Gaussian smoothing needs only the number tokens'
+        logits, which the head computes anyway).
       chunk_size: vocabulary columns per chunk (per device when sharded); None picks
         about 8M logits per chunk (`default_chunk_size`), and with `vocab_axis` the
         same number of chunks, each over a device's share of the columns and tokens.
@@ -356,7 +358,8 @@ def fused_cross_entropy_and_ntl(
     >>> round(float(parts["cross_entropy"]), 4), round(float(parts["ntl"]), 4)  # log 5; (2/3)/2
     (1.6094, 0.3333)
     """
-    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
+    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
+                                      gce_sigma)
     weights = check_fused_inputs(hidden, kernel, targets, number_tokens, weights, chunk_size)
     vocab = jnp.shape(kernel)[1]
     weights, factor = objective.resolve_weights_and_factor(
@@ -371,6 +374,7 @@ def fused_cross_entropy_and_ntl(
     return objective.objective_from_head(
         head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
         ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
+        gce_sigma=gce_sigma,
     )
 
 

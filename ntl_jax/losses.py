@@ -389,6 +389,55 @@ class NumberTarget(NamedTuple):
     ids: jax.Array  # [batch, length] token ids
     is_number: jax.Array  # [batch, length] bool: the id is a number token
     value: jax.Array  # [batch, length]: its value, 0 where not a number
+    # [batch, length, N]: the label as a distribution over the number tokens (one-hot,
+    # or Gaussian-smoothed, see `target_distribution`), given only to the variants that
+    # read it (`Variant.needs_distribution`), else None.
+    distribution: jax.Array | None = None
+
+
+def check_gce_sigma(gce_sigma) -> float:
+    """`gce_sigma` as a Python float; raises unless it is a concrete finite number >= 0.
+
+    It decides at trace time whether the label is smoothed, so a traced value is refused.
+    """
+    if isinstance(gce_sigma, jax.core.Tracer):
+        raise TypeError("expected gce_sigma to be a concrete number (a Python float), got a traced array")
+    check_real("gce_sigma", gce_sigma, low=0.0)
+    return float(np.asarray(gce_sigma))
+
+
+def target_distribution(targets, number_tokens: NumberTokens, gce_sigma: float = 0.0):
+    """`(smoothed, q)`: the label of every position as a distribution over the number
+    tokens, for Gaussian-smoothed cross-entropy (GCE) and NTL-WAS-CDF.
+
+    `q` `[batch, length, N]` float32 is the one-hot of the target among the number
+    tokens (`number_tokens.ids` order), zero where the target is no number token. With
+    `gce_sigma` > 0, a number target of value `y` that writes `c` > 0 digits
+    (`NumberTokens.digit_counts`) is smoothed (`smoothed` `[batch, length]` bool):
+    `q_j = exp(-(v_j - y)^2 / (2 sigma^2))` over the number tokens that write `c` digits,
+    normalised over them, 0 on the others. On single-digit tables that is all the digits,
+    as in the authors' `GaussianLabelSmoother`; "07" is smoothed over the 2-digit pieces.
+    Number tokens with a sign, point or exponent ("-1", "3.5", digit count 0) keep their
+    one-hot. `gce_sigma` 0 gives the one-hot everywhere (nothing smoothed).
+    """
+    sigma = check_gce_sigma(gce_sigma)
+    ids = jnp.asarray(number_tokens.ids)
+    one_hot = (targets[..., None] == ids).astype(jnp.float32)
+    if sigma == 0:
+        return jnp.zeros(jnp.shape(targets), bool), one_hot
+    is_number, y = target_values(targets, number_tokens)
+    counts, _ = target_digit_counts(targets, number_tokens)
+    smoothed = is_number & (counts > 0)
+    same = smoothed[..., None] & (jnp.asarray(number_tokens.digit_counts, jnp.int32)[ids] == counts[..., None])
+    # 1 / (2 sigma^2), held finite so a tiny sigma gives the one-hot rather than 0 * inf.
+    with np.errstate(over="ignore", divide="ignore"):
+        scale = float(min(np.float64(0.5) / np.float64(sigma) ** 2, np.finfo(np.float32).max))
+    gaussian = jnp.exp(-jnp.square(jnp.asarray(number_tokens.number_values, jnp.float32) - y[..., None]) * scale)
+    gaussian = jnp.where(same, gaussian, 0.0)
+    # The target itself is among them at distance 0, so a smoothed row sums to >= 1.
+    total = jnp.sum(gaussian, axis=-1, keepdims=True)
+    q = jnp.where(smoothed[..., None], gaussian / jnp.where(smoothed[..., None], total, 1.0), one_hot)
+    return smoothed, q
 
 
 def number_prediction(number_logits, number_tokens: NumberTokens) -> NumberPrediction:
@@ -403,6 +452,16 @@ def _was(prediction, target, number_tokens, squash_factor):
     # The target's row of the distance table, without gathering rows of it.
     dist = number_tokens.squash(jnp.abs(target.value[..., None] - v), squash_factor)
     return jnp.sum(prediction.probs * dist, axis=-1), target.is_number
+
+
+def _was_cdf(prediction, target, number_tokens, squash_factor):
+    """`sum_k |CDF_p(k) - CDF_q(k)|` over the number tokens sorted by value (ties in id
+    order), as the authors' `WassersteinNumberTokenLoss`: no gap weights (see `VARIANTS`)."""
+    order = jnp.argsort(jnp.asarray(number_tokens.number_values, jnp.float32), stable=True)
+    # One cumulative sum of the difference: its partial sums stay accurate where both
+    # CDFs approach 1. The last term (1 - 1) is left out.
+    gap = jnp.cumsum(jnp.take(prediction.probs - target.distribution, order, axis=-1), axis=-1)[..., :-1]
+    return jnp.sum(jnp.abs(gap), axis=-1), target.is_number
 
 
 def _value_range(number_tokens):
@@ -451,10 +510,12 @@ def _number_level(float_level: bool):
 class Variant(NamedTuple):
     """An NTL variant: `loss(prediction, target, number_tokens, squash_factor)` gives
     `(per-position loss, counted)`; `ceiling(number_tokens, squash_factor)` is the
-    largest value it takes, which `reweigh` charges (x1.01) for mass off the numbers."""
+    largest value it takes, which `reweigh` charges (x1.01) for mass off the numbers;
+    `needs_distribution`: it reads `target.distribution` (the one-hot, or the GCE label)."""
 
     loss: Callable
     ceiling: Callable
+    needs_distribution: bool = False
 
 
 # The one table of NTL variants, by the name every API takes (`kind`, `ntl_kind`,
@@ -466,6 +527,10 @@ VARIANTS = {
     "huber": Variant(_regression(_huber), lambda nt, _: _huber(_value_range(nt))),
     "number_level": Variant(_number_level(False), lambda nt, _: jnp.float32(1.0)),
     "number_level_float": Variant(_number_level(True), lambda nt, _: jnp.float32(1.0)),
+    # NTL-WAS-CDF: the authors sum |CDF_p - CDF_q| over the sorted number tokens without
+    # weighting by the gaps between their values, so it is measured in ranks: NTL-WAS on
+    # evenly spaced unit values (digits), and at most N - 1.
+    "was_cdf": Variant(_was_cdf, lambda nt, _: jnp.float32(nt.num_numbers - 1), needs_distribution=True),
 }
 KINDS = tuple(VARIANTS)
 
@@ -478,17 +543,23 @@ def check_kind(kind, squash_factor=None, name: str = "kind") -> None:
         raise ValueError(f"squash_factor applies only to {name}='was', got {name}={kind!r}")
 
 
-def ntl_per_position(number_logits, targets, number_tokens, *, kind="was", masses=None, squash_factor=None):
+def ntl_per_position(number_logits, targets, number_tokens, *, kind="was", masses=None, squash_factor=None,
+                     distribution=None):
     """`(loss, counted)`, both `[batch, length]`: the NTL `kind` at every position, from
     the number tokens' logits alone (`[batch, length, N]` float32, see `number_logits`).
 
     `masses` is `(mass, rest)`, the full-vocabulary probability on the number tokens and
-    on the others, to reweigh with; None does not reweigh. Inputs are assumed checked
-    and ignored positions sanitised (target -1).
+    on the others, to reweigh with; None does not reweigh. `distribution` is the label
+    over the number tokens (`target_distribution`) for the variants that read one; None
+    gives them the one-hot. Inputs are assumed checked and ignored positions sanitised
+    (target -1).
     """
     check_kind(kind, squash_factor)
-    target = NumberTarget(targets, *target_values(targets, number_tokens))
     variant = VARIANTS[kind]
+    if variant.needs_distribution and distribution is None:
+        distribution = target_distribution(targets, number_tokens)[1]
+    target = NumberTarget(targets, *target_values(targets, number_tokens),
+                          distribution=distribution if variant.needs_distribution else None)
     loss, counted = variant.loss(number_prediction(number_logits, number_tokens), target, number_tokens, squash_factor)
     if masses is not None:
         mass, rest = masses
@@ -661,7 +732,16 @@ def number_token_loss(
     reduction: Reduction = "none",
 ) -> jax.Array:
     """Any NTL variant by name: `kind` in `"was"`, `"mse"`, `"mae"`, `"huber"`,
-    `"number_level"`, `"number_level_float"`. Other arguments as in `ntl_was`."""
+    `"number_level"`, `"number_level_float"`, `"was_cdf"` (against the one-hot label;
+    its Gaussian-smoothed label comes with `cross_entropy_and_ntl(gce_sigma=...)`).
+    Other arguments as in `ntl_was`.
+
+    >>> import jax.numpy as jnp
+    >>> nt = NumberTokens.from_pieces(["<pad>", "2", "0", "1"])  # ids out of value order
+    >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.5, 0.0]]]) + 1e-30)
+    >>> float(number_token_loss(logits, jnp.array([[3]]), nt, kind="was_cdf", reduction="sum"))  # |.5-0| + |.5-1|
+    1.0
+    """
     return _ntl(logits, targets, number_tokens, kind=kind, weights=weights, reweigh=reweigh,
                 squash_factor=squash_factor, reduction=reduction)
 

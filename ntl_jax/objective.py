@@ -186,9 +186,14 @@ def _target_logit(logits, targets):
     return jnp.where(in_vocab, target_logit.astype(jnp.float32), 0.0)
 
 
-def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_smoothing, z_loss):
+def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_smoothing, z_loss, label=None):
     """T5X's per-token cross-entropy with label smoothing and z-loss, without
-    materialising the one-hot soft targets: `lse * sum(q) - sum(q * logits) - H(q)`."""
+    materialising the one-hot soft targets: `lse * sum(q) - sum(q * logits) - H(q)`.
+
+    `label`: `(smoothed, q)` of `losses.target_distribution` for Gaussian smoothing
+    (GCE): at the `smoothed` positions the cross-entropy is `lse - sum_j q_j *
+    number_logit_j` over the number tokens, without subtracting `H(q)` (as the authors'
+    `GaussianLabelSmoother`); elsewhere it is unchanged."""
     confidence = 1.0 - label_smoothing
     low = (1.0 - confidence) / (vocab - 1)
     normalizing_constant = -(confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
@@ -200,7 +205,12 @@ def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_s
     else:
         mass, weighted_logits = on, on * head.target_logit
     z_term = z_loss * jnp.square(head.log_normalizer)
-    return head.log_normalizer * mass - weighted_logits - normalizing_constant + z_term, z_term
+    ce = head.log_normalizer * mass - weighted_logits - normalizing_constant
+    if label is not None:
+        smoothed, q = label
+        # Sanitised first: q is 0 outside the smoothed rows, so this is finite everywhere.
+        ce = jnp.where(smoothed, head.log_normalizer - jnp.sum(q * head.number_logits, axis=-1), ce)
+    return ce + z_term, z_term
 
 
 def head_stats(logits, targets, number_tokens, *, label_smoothing, reweigh, with_numbers=True,
@@ -289,11 +299,13 @@ def weighted_cross_entropy(
     )
 
 
-def _weighted_cross_entropy_sums(head, targets, weights, vocab, *, label_smoothing, z_loss, loss_normalizing_factor):
+def _weighted_cross_entropy_sums(head, targets, weights, vocab, *, label_smoothing, z_loss, loss_normalizing_factor,
+                                 label=None):
     """`weighted_cross_entropy` from the head's statistics, on checked inputs whose
-    ignored positions are sanitised (statistics finite) and weighted 0."""
+    ignored positions are sanitised (statistics finite) and weighted 0; `label` as in
+    `_cross_entropy_per_position`."""
     total, z_term = _cross_entropy_per_position(
-        head, targets, vocab, label_smoothing=label_smoothing, z_loss=z_loss
+        head, targets, vocab, label_smoothing=label_smoothing, z_loss=z_loss, label=label,
     )
     total, z_term = total * weights, z_term * weights
     weight_sum = jnp.sum(weights)
@@ -314,6 +326,7 @@ def cross_entropy_and_ntl(
     squash_factor: float | None = None,
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
+    gce_sigma: float = 0.0,
     loss_normalizing_factor=None,
     decoder_segment_ids=None,
     decoder_positions=None,
@@ -333,21 +346,32 @@ def cross_entropy_and_ntl(
       number_tokens: the output vocabulary's `NumberTokens`.
       weights: optional `[batch, length]` loss weights (`decoder_loss_weights`).
       ntl_kind: a key of `ntl_jax.losses.VARIANTS`: `"was"` (the paper's default),
-        `"mse"`, `"mae"`, `"huber"`, `"number_level"`, `"number_level_float"`; or
-        `"none"` for cross-entropy without computing NTL.
+        `"mse"`, `"mae"`, `"huber"`, `"number_level"`, `"number_level_float"`,
+        `"was_cdf"`; or `"none"` for cross-entropy without computing NTL.
       ntl_weight: lambda, 0.3 in the paper.
       reweigh: see `ntl_was`; the paper does not reweigh (ntloss defaults to True).
       squash_factor: see `ntl_was`; only with `ntl_kind="was"`.
       label_smoothing, z_loss: as T5X's cross-entropy.
+      gce_sigma: Gaussian-smoothed cross-entropy (GCE), the paper's baseline: at a
+        number target of value `y` the label is `q_j ~ exp(-(v_j - y)^2 / (2
+        sigma^2))` over the number tokens writing as many digits as the target (all
+        the digits on single-digit tables; see `losses.target_distribution`), and the
+        cross-entropy is `-sum_j q_j log p_j` with `p` the full-vocabulary softmax. As
+        in the authors' `GaussianLabelSmoother`, the entropy of `q` is not subtracted
+        (T5X's label smoothing subtracts it), so a perfect prediction costs `H(q)`.
+        Other targets, and number tokens with a sign, point or exponent, keep their
+        one-hot. 0 (default) is the plain cross-entropy; exclusive with
+        `label_smoothing`. `ntl_kind="was_cdf"` scores against this label too.
       loss_normalizing_factor: None, a number, or a special factor (string or enum):
         see `loss_normalizing_factor_and_weights`.
       decoder_segment_ids, decoder_positions: for packed batches.
 
     Returns:
       `(loss, parts)`: the scalar loss to differentiate, and a dict of float32
-      scalars for logging: `cross_entropy` (without the z-term), `z_loss`, `ntl`
-      (normalised, before `ntl_weight`), `weight_sum`, `ntl_weight_sum` (weight on the
-      positions NTL counts) and `loss_normalizing_factor` (1 when None).
+      scalars for logging: `cross_entropy` (without the z-term; with `gce_sigma`, the
+      smoothed one), `z_loss`, `ntl` (normalised, before `ntl_weight`), `weight_sum`,
+      `ntl_weight_sum` (weight on the positions NTL counts) and
+      `loss_normalizing_factor` (1 when None).
 
     >>> import jax.numpy as jnp
     >>> nt = NumberTokens.from_pieces(["<pad>", "</s>", "0", "1", "2"])
@@ -356,8 +380,12 @@ def cross_entropy_and_ntl(
     ...                                     loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     >>> round(float(parts["cross_entropy"]), 4), round(float(parts["ntl"]), 4)  # log 5; (2/3)/2
     (1.6094, 0.3333)
+    >>> loss, parts = cross_entropy_and_ntl(logits, jnp.array([[3, 1]]), nt, gce_sigma=1.0, ntl_kind="was_cdf",
+    ...                                     loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    >>> round(float(parts["cross_entropy"]), 4)  # the label on "1" is (e^-.5, 1, e^-.5) / (1 + 2 e^-.5): log 5 again
+    1.6094
     """
-    check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
+    check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss, gce_sigma)
     weights = losses.check_inputs(logits, targets, number_tokens, weights)
     vocab = jnp.shape(logits)[-1]
     weights, factor = resolve_weights_and_factor(
@@ -366,11 +394,11 @@ def cross_entropy_and_ntl(
     )
     head, targets = logits_head_stats(
         logits, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        with_numbers=ntl_kind != "none",
+        with_numbers=ntl_kind != "none" or gce_sigma > 0,
     )
     return objective_from_head(
         head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
-        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
+        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma,
     )
 
 
@@ -391,7 +419,8 @@ def logits_head_stats(logits, targets, weights, number_tokens: NumberTokens, *, 
     return head, targets
 
 
-def check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss) -> None:
+def check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
+                            gce_sigma=0.0) -> None:
     """The option checks of `cross_entropy_and_ntl`, at trace time."""
     check_squash_factor(squash_factor)
     if ntl_kind != "none":
@@ -401,6 +430,11 @@ def check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_
     losses.check_real("ntl_weight", ntl_weight, low=0.0)
     losses.check_bool("reweigh", reweigh)
     _check_smoothing_and_z(label_smoothing, z_loss)
+    if losses.check_gce_sigma(gce_sigma) > 0 and label_smoothing > 0:
+        raise ValueError(
+            "expected at most one of gce_sigma and label_smoothing (two smoothings of one label), "
+            f"got gce_sigma={gce_sigma} and label_smoothing={label_smoothing}"
+        )
 
 
 def resolve_weights_and_factor(targets, weights, vocab: int, loss_normalizing_factor, *,
@@ -424,19 +458,22 @@ def resolve_weights_and_factor(targets, weights, vocab: int, loss_normalizing_fa
 
 
 def objective_from_head(head: HeadStats, targets, weights, factor, number_tokens: NumberTokens, *,
-                        vocab: int, ntl_kind, ntl_weight, squash_factor, label_smoothing, z_loss):
+                        vocab: int, ntl_kind, ntl_weight, squash_factor, label_smoothing, z_loss, gce_sigma=0.0):
     """`(loss, parts)` of `cross_entropy_and_ntl` from the head's statistics over a
-    `vocab`-wide output, with ignored positions already sanitised (target -1, weight 0)."""
+    `vocab`-wide output, with ignored positions already sanitised (target -1, weight 0).
+    With `gce_sigma` > 0 the label over the number tokens is computed once, from the
+    `N` number logits' width only, for the cross-entropy and for NTL-WAS-CDF."""
+    label = losses.target_distribution(targets, number_tokens, gce_sigma) if gce_sigma > 0 else None
     ce, z, weight_sum = _weighted_cross_entropy_sums(
         head, targets, weights, vocab, label_smoothing=label_smoothing, z_loss=z_loss,
-        loss_normalizing_factor=factor,
+        loss_normalizing_factor=factor, label=label,
     )
     if ntl_kind == "none":
         ntl = ntl_weight_sum = jnp.float32(0.0)
     else:
         per_position, counted = losses.ntl_per_position(
             head.number_logits, targets, number_tokens, kind=ntl_kind, masses=head.masses,
-            squash_factor=squash_factor,
+            squash_factor=squash_factor, distribution=None if label is None else label[1],
         )
         per_token = losses.reduce_loss(per_position, counted, weights, "none")
         ntl = jnp.sum(per_token)

@@ -108,6 +108,24 @@ ERRORS = [
      ValueError, "[1.0] appear on more than one token"),
     ("squash two values", lambda: NumberTokens.from_pieces(["a", "0", "1"]).distance_table(2.0), ValueError,
      "at least 3 distinct values"),
+    ("squash was_cdf", lambda: objective(ntl_kind="was_cdf", squash_factor=3.0), ValueError,
+     "squash_factor applies only to ntl_kind='was'"),
+    ("gce_sigma negative", lambda: objective(gce_sigma=-1.0), ValueError, "expected gce_sigma >= 0.0, got -1.0"),
+    ("gce_sigma nan", lambda: objective(gce_sigma=math.nan), ValueError, "gce_sigma finite"),
+    ("gce_sigma inf", lambda: objective(gce_sigma=math.inf), ValueError, "gce_sigma finite"),
+    ("gce_sigma str", lambda: objective(gce_sigma="1"), TypeError, "gce_sigma to be a real number, got str"),
+    ("gce_sigma None", lambda: objective(gce_sigma=None), TypeError, "gce_sigma to be a real number, got NoneType"),
+    ("gce_sigma bool", lambda: objective(gce_sigma=True), TypeError, "gce_sigma to be a real number"),
+    ("gce_sigma array", lambda: objective(gce_sigma=jnp.ones(2)), ValueError, "gce_sigma to be a scalar"),
+    ("gce_sigma traced", lambda: jax.jit(lambda s: objective(gce_sigma=s)[0])(1.0), TypeError,
+     "gce_sigma to be a concrete number"),
+    ("gce_sigma with label_smoothing", lambda: objective(gce_sigma=1.0, label_smoothing=0.1), ValueError,
+     "expected at most one of gce_sigma and label_smoothing"),
+    ("gce_sigma fused", lambda: ntl_jax.fused_cross_entropy_and_ntl(
+        jnp.ones((2, 7, 3)), jnp.ones((3, V)), TARGETS, NT, gce_sigma=-0.5), ValueError, "gce_sigma >= 0.0"),
+    ("gce_sigma fused with label_smoothing", lambda: ntl_jax.fused_cross_entropy_and_ntl(
+        jnp.ones((2, 7, 3)), jnp.ones((3, V)), TARGETS, NT, gce_sigma=1.0, label_smoothing=0.1), ValueError,
+     "at most one of gce_sigma and label_smoothing"),
 ]
 
 
@@ -156,6 +174,20 @@ def test_nothing_counted_gives_zero_and_finite_gradients(name, kind, factor, cas
     def fn(l):
         return objective(logits=l, targets=targets, weights=weights, ntl_kind=kind, z_loss=1e-4,
                          label_smoothing=0.1, reweigh=True, loss_normalizing_factor=factor)[0]
+
+    assert float(fn(logits)) == 0.0
+    assert finite_grad(fn, logits)
+
+
+@pytest.mark.parametrize("case", ["zero weights", "empty batch"])
+def test_nothing_counted_gives_zero_under_gaussian_smoothing(case):
+    logits, targets, weights = LOGITS, TARGETS, jnp.zeros((2, 7))
+    if case == "empty batch":
+        logits, targets, weights = jnp.zeros((0, 7, V)), jnp.zeros((0, 7), jnp.int32), None
+
+    def fn(l):
+        return objective(logits=l, targets=targets, weights=weights, ntl_kind="was_cdf", gce_sigma=1.0,
+                         reweigh=True, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")[0]
 
     assert float(fn(logits)) == 0.0
     assert finite_grad(fn, logits)
@@ -236,6 +268,28 @@ def test_ignored_positions_contribute_exactly_zero(garbage, kind, factor):
     assert finite_grad(fn, logits)
     grads = jax.grad(fn)(logits)
     assert float(jnp.abs(jnp.where(KEEP[..., None], 0.0, grads)).max()) == 0.0
+
+
+@pytest.mark.parametrize("factor", [None, "NUM_REAL_TARGET_TOKENS"])
+@pytest.mark.parametrize("garbage", GARBAGE, ids=[g[0] for g in GARBAGE])
+def test_ignored_positions_contribute_exactly_zero_under_gaussian_smoothing(garbage, factor):
+    _, spoil_logits, spoil_targets = garbage
+    logits = spoil_logits(LOGITS)
+    targets = spoil_targets(jnp.where(KEEP, CLEAN_TARGETS, 0))
+    weights = None if factor is not None else jnp.asarray(KEEP, jnp.float32)
+    if garbage[0] == "ids outside vocab":
+        weights = jnp.asarray(KEEP.at[1, 3:].set(True), jnp.float32) if weights is not None else None
+        targets = targets.at[1, 5:].set(V + 7)
+
+    def fn(l):
+        return objective(logits=l, targets=targets, weights=weights, ntl_kind="was_cdf", z_loss=1e-4,
+                         gce_sigma=1.0, loss_normalizing_factor=factor)[0]
+
+    want = clean_reference(factor, "was_cdf", z_loss=1e-4, gce_sigma=1.0)
+    np.testing.assert_allclose(float(fn(logits)), want, rtol=2e-5)
+    grads = jax.grad(fn)(logits)
+    assert float(jnp.abs(jnp.where(KEEP[..., None], 0.0, grads)).max()) == 0.0
+    assert np.isfinite(np.asarray(grads)).all()
 
 
 def test_ids_outside_vocab_are_ignored_by_every_count():

@@ -1,0 +1,299 @@
+"""Gaussian-smoothed cross-entropy (`gce_sigma`) and NTL-WAS-CDF (`ntl_kind="was_cdf"`)
+against numpy references written from their definitions in float64, on random logits,
+targets, weights and ignored positions; gradients; the identity with NTL-WAS on digits;
+the fused head. ntloss has neither, so there is no parity test with it."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import ntl_jax
+from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
+from ntl_jax.losses import target_distribution
+
+# Digits at scattered ids (their value order is not their id order).
+DIGITS = NumberTokens.from_pieces(["<pad>", "</s>", "7", "x", "3", "0", ".", "9", "1", "y", "5", "2", "8", "4", "6"])
+# Multi-digit pieces: 1-, 2- and 3-digit groups, "7" and "07" sharing a value, and
+# number tokens with a sign or a point (digit count 0).
+WIDE = NumberTokens.from_pieces(
+    ["<pad>", "</s>", "x", ".", "7", "07", "12", "3", "-1", "3.5", "00", "5", "99", "0", "120", "9", "45", "1", "2"],
+    digit_level=False,
+)
+EXTRA = 3  # the logits have a few columns beyond the table (no numbers)
+B, L = 3, 11
+
+
+def _inputs(nt, seed=0, scale=2.0):
+    rng = np.random.default_rng(seed)
+    vocab = nt.vocab_size + EXTRA
+    logits = rng.normal(size=(B, L, vocab)) * scale
+    ids = np.asarray(nt.ids)
+    # Mostly number targets, some others, ids beyond the table and outside the logits.
+    pool = np.r_[ids, ids, [1, 2, 3, nt.vocab_size + 1, vocab + 4, -5]]
+    targets = rng.choice(pool, size=(B, L))
+    weights = rng.choice([0.0, 0.5, 1.0, 2.0], size=(B, L), p=[0.2, 0.2, 0.4, 0.2])
+    # An ignored position full of NaN.
+    weights[1, 3] = 0.0
+    logits[1, 3] = np.nan
+    return jnp.asarray(logits, jnp.float32), jnp.asarray(targets, jnp.int32), jnp.asarray(weights, jnp.float32)
+
+
+def _label(nt, target, sigma, vocab):
+    """The label over the whole vocabulary, written from the definition."""
+    values = np.asarray(nt.values, np.float64)
+    counts = np.asarray(nt.digit_counts)
+    label = np.zeros(vocab)
+    is_number = target < nt.vocab_size and not np.isnan(values[target])
+    if sigma > 0 and is_number and counts[target] > 0:
+        for j in np.asarray(nt.ids):
+            if counts[j] == counts[target]:
+                label[j] = np.exp(-((values[j] - values[target]) ** 2) / (2 * sigma**2))
+        return label / label.sum()
+    label[target] = 1.0
+    return label
+
+
+def _logsumexp(x):
+    top = x.max()
+    return top + np.log(np.exp(x - top).sum())
+
+
+def reference(logits, targets, weights, nt, *, sigma, kind, ntl_weight=0.3, reweigh=False, factor=None):
+    """`(loss, cross_entropy, ntl, d loss / d logits)` in float64, position by position.
+
+    GCE: `-sum_j label_j log softmax(logits)_j`, the entropy not subtracted.
+    WAS-CDF: `sum_k |CDF_p(k) - CDF_q(k)|` over the number tokens sorted by value (ties
+    by id), `p` the softmax over the number tokens, `q` the label on them.
+    WAS: `sum_j p_j |y - v_j|`, the label's value only.
+    """
+    logits = np.asarray(logits, np.float64)
+    targets, weights = np.asarray(targets), np.asarray(weights, np.float64)
+    vocab = logits.shape[-1]
+    ids = np.asarray(nt.ids)
+    v = np.asarray(nt.values, np.float64)[ids]
+    order = np.argsort(v, kind="stable")
+    ce = ntl = 0.0
+    grad = np.zeros_like(logits)
+    for b in range(B):
+        for t in range(L):
+            y, w = targets[b, t], weights[b, t]
+            if w == 0 or not 0 <= y < vocab:
+                continue
+            row = logits[b, t]
+            lse = _logsumexp(row)
+            label = _label(nt, y, sigma, vocab)
+            ce += -w * label @ (row - lse)
+            grad[b, t] += w * (np.exp(row - lse) - label)
+            if y >= nt.vocab_size or np.isnan(nt.values[y]) or kind == "none":
+                continue
+            p = np.exp(row[ids] - _logsumexp(row[ids]))
+            if kind == "was_cdf":
+                loss = np.abs(np.cumsum((p - label[ids])[order])[:-1]).sum()
+                ceiling = len(ids) - 1
+            else:
+                loss = p @ np.abs(float(nt.values[y]) - v)
+                ceiling = v.max() - v.min()
+            if reweigh:
+                mass = np.exp(_logsumexp(row[ids]) - lse)
+                loss = loss * mass + 1.01 * ceiling * (1 - mass)
+            ntl += w * loss
+    divisor = 1.0 if factor is None else factor
+    return (ce + ntl_weight * ntl) / divisor, ce / divisor, ntl / divisor, grad / divisor
+
+
+# float32 sums of <= 33 positions of O(1) terms, each a float32 logsumexp or cumulative
+# sum over <= 22 entries: a few ulps each, 2e-6 relative with room.
+RTOL = 2e-6
+
+
+@pytest.mark.parametrize("nt", [DIGITS, WIDE], ids=["digits", "wide"])
+@pytest.mark.parametrize("sigma", [0.0, 0.5, 1.0, 3.0])
+@pytest.mark.parametrize("kind,reweigh", [("was_cdf", False), ("was_cdf", True), ("was", False), ("none", False)])
+def test_objective_matches_the_numpy_reference(nt, sigma, kind, reweigh):
+    logits, targets, weights = _inputs(nt, seed=int(sigma * 10) + len(kind))
+    loss, parts = cross_entropy_and_ntl(logits, targets, nt, weights=weights, gce_sigma=sigma, ntl_kind=kind,
+                                        reweigh=reweigh, loss_normalizing_factor=7.0)
+    want = reference(logits, targets, weights, nt, sigma=sigma, kind=kind, reweigh=reweigh, factor=7.0)
+    np.testing.assert_allclose(float(parts["cross_entropy"]), want[1], rtol=RTOL)
+    np.testing.assert_allclose(float(parts["ntl"]), want[2], rtol=RTOL, atol=1e-7)
+    np.testing.assert_allclose(float(loss), want[0], rtol=RTOL)
+
+
+@pytest.mark.parametrize("nt", [DIGITS, WIDE], ids=["digits", "wide"])
+def test_cross_entropy_gradient_is_softmax_minus_the_smoothed_label(nt):
+    logits, targets, weights = _inputs(nt, seed=11)
+    grad = jax.grad(lambda x: cross_entropy_and_ntl(x, targets, nt, weights=weights, gce_sigma=1.5,
+                                                    ntl_weight=0.0)[0])(logits)
+    want = reference(logits, targets, weights, nt, sigma=1.5, kind="none")[3]
+    np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind,reweigh", [("was_cdf", False), ("was_cdf", True), ("none", False)])
+def test_gradients_match_finite_differences(kind, reweigh):
+    logits, targets, weights = _inputs(WIDE, seed=12, scale=1.0)
+    logits = jnp.where(weights[..., None] > 0, logits, 0.0)  # finite differences through NaN are NaN
+    f = functools.partial(cross_entropy_and_ntl, targets=targets, number_tokens=WIDE, weights=weights,
+                          gce_sigma=1.0, ntl_kind=kind, ntl_weight=1.0, reweigh=reweigh,
+                          loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    check_grads(lambda x: f(x)[0], (logits,), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
+
+
+def test_the_label_hand_computed():
+    pieces = ["<pad>", "</s>", "x", ".", "7", "07", "12", "3", "-1", "3.5", "00", "5", "99", "0", "120", "9", "45", "1",
+              "2"]
+    index = {p: i for i, p in enumerate(np.asarray(WIDE.ids).tolist())}
+    targets = jnp.asarray([[pieces.index(p) for p in ("07", "-1", "x", "120", "3")]])
+    smoothed, q = target_distribution(targets, WIDE, 2.0)
+    assert np.asarray(smoothed).tolist() == [[True, False, False, True, True]]
+    q = np.asarray(q[0], np.float64)
+    # "07" (7) over the 2-digit pieces 07, 12, 00, 99, 45.
+    g = {p: np.exp(-((v - 7) ** 2) / 8) for p, v in (("07", 7), ("12", 12), ("00", 0), ("99", 99), ("45", 45))}
+    want = np.zeros(WIDE.num_numbers)
+    for p, x in g.items():
+        want[index[pieces.index(p)]] = x / sum(g.values())
+    np.testing.assert_allclose(q[0], want, rtol=1e-6, atol=1e-30)
+    assert q[0, index[pieces.index("7")]] == 0.0  # same value, another digit count
+    np.testing.assert_array_equal(q[1], np.eye(WIDE.num_numbers)[index[pieces.index("-1")]])  # sign: one-hot
+    np.testing.assert_array_equal(q[2], 0.0)  # no number
+    np.testing.assert_array_equal(q[3], np.eye(WIDE.num_numbers)[index[pieces.index("120")]])  # alone in its group
+    # A very wide Gaussian is uniform over the group; a very narrow one is the one-hot.
+    wide = np.asarray(target_distribution(targets, WIDE, 1e6)[1][0, 4])
+    one_digit = [index[pieces.index(p)] for p in ("7", "3", "5", "0", "9", "1", "2")]
+    np.testing.assert_allclose(wide[one_digit], 1 / 7, rtol=1e-6)
+    narrow = np.asarray(target_distribution(targets, WIDE, 1e-30)[1])
+    np.testing.assert_array_equal(narrow, np.asarray(target_distribution(targets, WIDE, 0.0)[1]))
+
+
+def test_sigma_zero_is_cross_entropy_bitwise():
+    logits, targets, weights = _inputs(DIGITS, seed=13)
+
+    def run(**options):
+        return jax.value_and_grad(
+            lambda x: cross_entropy_and_ntl(x, targets, DIGITS, weights=weights, **options), has_aux=True,
+        )(logits)
+
+    (loss, parts), grad = run(z_loss=1e-3)
+    for options in (dict(gce_sigma=0.0), dict(gce_sigma=1e-3)):  # a narrow Gaussian is the one-hot too
+        (loss_s, parts_s), grad_s = run(z_loss=1e-3, **options)
+        assert float(loss_s) == float(loss), options
+        assert all(float(parts_s[k]) == float(parts[k]) for k in parts), options
+        np.testing.assert_array_max_ulp(np.asarray(grad_s), np.asarray(grad), maxulp=0 if options["gce_sigma"] == 0
+                                        else 4)
+
+
+@pytest.mark.parametrize("reweigh", [False, True])
+def test_was_cdf_is_ntl_was_on_digits_with_a_one_hot_label(reweigh):
+    logits, targets, weights = _inputs(DIGITS, seed=14)
+    cdf = ntl_jax.number_token_loss(logits, targets, DIGITS, kind="was_cdf", weights=weights, reweigh=reweigh)
+    was = ntl_jax.number_token_loss(logits, targets, DIGITS, kind="was", weights=weights, reweigh=reweigh)
+    assert np.count_nonzero(np.asarray(was)) >= 15
+    # Sums of <= 10 float32 terms in different orders.
+    np.testing.assert_allclose(np.asarray(cdf), np.asarray(was), rtol=2e-6, atol=1e-7)
+    _, parts = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights, ntl_kind="was_cdf", reweigh=reweigh)
+    _, parts_was = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights, ntl_kind="was", reweigh=reweigh)
+    np.testing.assert_allclose(float(parts["ntl"]), float(parts_was["ntl"]), rtol=2e-6)
+
+
+def test_was_cdf_differs_from_was_under_the_gaussian_label():
+    logits, targets, weights = _inputs(DIGITS, seed=15)
+    _, cdf = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights, ntl_kind="was_cdf", gce_sigma=1.0)
+    _, was = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights, ntl_kind="was", gce_sigma=1.0)
+    want = reference(logits, targets, weights, DIGITS, sigma=1.0, kind="was_cdf")[2]
+    np.testing.assert_allclose(float(cdf["ntl"]), want, rtol=RTOL)
+    assert abs(float(cdf["ntl"]) - float(was["ntl"])) > 0.05 * float(was["ntl"])
+    # Ranks, not values: on the multi-digit table WAS-CDF is no longer NTL-WAS.
+    logits, targets, weights = _inputs(WIDE, seed=16)
+    cdf = ntl_jax.number_token_loss(logits, targets, WIDE, kind="was_cdf", weights=weights, reduction="sum")
+    was = ntl_jax.number_token_loss(logits, targets, WIDE, kind="was", weights=weights, reduction="sum")
+    assert abs(float(cdf) - float(was)) > 0.05 * float(was)
+
+
+FUSED_OPTIONS = [
+    dict(ntl_kind="was_cdf", gce_sigma=1.0),
+    dict(ntl_kind="was_cdf", gce_sigma=0.7, reweigh=True, z_loss=1e-3),
+    dict(ntl_kind="none", gce_sigma=2.0, loss_normalizing_factor="AVERAGE_PER_SEQUENCE"),
+    dict(ntl_kind="number_level", gce_sigma=1.0, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS"),
+]
+
+
+@pytest.mark.parametrize("options", FUSED_OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_fused_equals_unfused_on_multi_digit_pieces(options):
+    _, targets, weights = _inputs(WIDE, seed=17)
+    rng = np.random.default_rng(17)
+    hidden = jnp.asarray(rng.normal(size=(B, L, 6)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(6, WIDE.vocab_size + EXTRA)), jnp.float32)
+
+    def unfused(h, k):
+        return cross_entropy_and_ntl(jnp.einsum("bld,dv->blv", h, k), targets, WIDE, weights=weights, **options)
+
+    def fused(h, k):
+        return fused_cross_entropy_and_ntl(h, k, targets, WIDE, weights=weights, chunk_size=5, **options)
+
+    (_, parts_u), grads_u = jax.value_and_grad(unfused, argnums=(0, 1), has_aux=True)(hidden, kernel)
+    (_, parts_f), grads_f = jax.value_and_grad(fused, argnums=(0, 1), has_aux=True)(hidden, kernel)
+    # Different summation orders in float32 (as tests/test_fused.py).
+    for name in parts_u:
+        np.testing.assert_allclose(float(parts_f[name]), float(parts_u[name]), rtol=2e-5, atol=1e-6, err_msg=name)
+    for a, b in zip(grads_u, grads_f):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.max(np.abs(a - b)) <= 2e-5 * np.max(np.abs(a))
+
+
+# The fused-head harness of tests/test_fused.py (its vocabulary of 69 ids, chunks of 7).
+# These option sets are not in tests/objective_options.py, whose count
+# tests/test_vocab_parallel.py fixes.
+HARNESS_OPTIONS = {
+    "was_cdf-reweigh": dict(ntl_kind="was_cdf", reweigh=True),
+    "was_cdf-gce": dict(ntl_kind="was_cdf", gce_sigma=1.0, ntl_weight=1.0),
+    "gce-z": dict(ntl_kind="none", gce_sigma=0.5, z_loss=1e-3),
+}
+
+
+@pytest.mark.parametrize("name", HARNESS_OPTIONS)
+def test_fused_equals_unfused_in_the_fused_test_harness(name):
+    from tests import test_fused
+
+    hidden, kernel, targets, weights = test_fused._inputs(seed=21)
+    test_fused._assert_same(*test_fused._both(hidden, kernel, targets, weights=weights, **HARNESS_OPTIONS[name]))
+
+
+def _count_shaped(jaxpr, shape):
+    """Equations (nested ones included) with an output of `shape`."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += sum(getattr(v.aval, "shape", None) == shape for v in eqn.outvars)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    count += _count_shaped(sub, shape)
+    return count
+
+
+def test_no_array_of_the_logits_shape_is_added():
+    # The smoothed label lives on the N number tokens: the loss and its gradient use the
+    # same [batch, length, vocab] operations with and without it.
+    logits, targets, weights = _inputs(WIDE, seed=18)
+    logits = jnp.nan_to_num(logits)
+
+    def count(**options):
+        f = jax.value_and_grad(lambda x: cross_entropy_and_ntl(x, targets, WIDE, weights=weights, **options)[0])
+        return _count_shaped(jax.make_jaxpr(f)(logits).jaxpr, logits.shape)
+
+    base = count(ntl_kind="was")
+    assert base > 0
+    assert count(ntl_kind="was", gce_sigma=1.0) == base
+    assert count(ntl_kind="was_cdf", gce_sigma=1.0) == base
+
+
+def test_jit_and_no_recompile_across_batches():
+    f = jax.jit(lambda x, t, w: cross_entropy_and_ntl(x, t, WIDE, weights=w, gce_sigma=1.0, ntl_kind="was_cdf")[0])
+    for seed in (19, 20):
+        logits, targets, weights = _inputs(WIDE, seed=seed)
+        want = reference(logits, targets, weights, WIDE, sigma=1.0, kind="was_cdf")[0]
+        np.testing.assert_allclose(float(f(logits, targets, weights)), want, rtol=RTOL)
+    assert f._cache_size() == 1
