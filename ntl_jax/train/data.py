@@ -13,7 +13,8 @@ checkpointed to resume in order. The problems, the vocabulary and the EOS/paddin
 conventions are the same as the tasks' (`seqio.EncDecFeatureConverter` features).
 
 The module "multiplication" selects the paper's multiplication problems
-(`ntl_jax.data.multiplication`) instead of a DeepMind module. With
+(`ntl_jax.data.multiplication`) instead of a DeepMind module, and "diabetes"
+scikit-learn's diabetes regression data (`ntl_jax.data.diabetes`). With
 `DataConfig.architecture == "decoder-only"` a batch holds each question (+EOS) and its
 answer (+EOS) as one sequence, with the features of seqio's prefix-LM
 `DecoderFeatureConverter` (loss on the answer only, the question attended both ways).
@@ -29,6 +30,7 @@ import numpy as np
 EOS_ID = 1  # T5 / seqio convention: 0 is padding, 1 is end-of-sequence
 EVAL_SPLITS = ("test_interpolate", "test_extrapolate")
 MULTIPLICATION = "multiplication"  # the task name of `ntl_jax.data.multiplication`
+DIABETES = "diabetes"  # the task name of `ntl_jax.data.diabetes`
 ARCHITECTURES = ("encoder-decoder", "decoder-only")  # = network.ARCHITECTURES
 
 
@@ -37,6 +39,10 @@ def _examples(module: str, split: str, n: int, seed: int) -> list[tuple[str, str
         from ntl_jax.data import multiplication
 
         return multiplication.examples(split, n, seed)
+    if module == DIABETES:
+        from ntl_jax.data import diabetes
+
+        return diabetes.examples(split, n, seed)
     from ntl_jax.data import generate  # imported late: pulls in the generator and sympy
 
     return generate.examples(module, split, n, seed)
@@ -44,20 +50,21 @@ def _examples(module: str, split: str, n: int, seed: int) -> list[tuple[str, str
 
 def default_example_source() -> Callable[[str, str, int, int], Iterable[tuple[str, str]]]:
     """`examples(module, split, n, seed)`: multiplication problems for the module
-    "multiplication", else the offline mathematics generator."""
+    "multiplication", diabetes patients for "diabetes", else the offline mathematics
+    generator."""
     return _examples
 
 
 def check_task(module: str) -> str:
-    """Returns `module` if it is "multiplication" or a DeepMind training module."""
-    if module == MULTIPLICATION:
+    """Returns `module` if it is "multiplication", "diabetes" or a DeepMind training module."""
+    if module in (MULTIPLICATION, DIABETES):
         return module
     from ntl_jax.data import catalogue
 
     try:
         return catalogue.check_module(module)
     except ValueError as e:
-        raise ValueError(f"{e} (or {MULTIPLICATION!r})") from None
+        raise ValueError(f"{e} (or {MULTIPLICATION!r} or {DIABETES!r})") from None
 
 
 def task_metrics(module: str) -> Callable[[Sequence[str], Sequence[str], Sequence[str]],
@@ -67,6 +74,10 @@ def task_metrics(module: str) -> Callable[[Sequence[str], Sequence[str], Sequenc
         from ntl_jax.data import multiplication
 
         return multiplication.metrics
+    if module == DIABETES:
+        from ntl_jax.data import diabetes
+
+        return diabetes.metrics
     return None
 
 
@@ -78,11 +89,14 @@ def default_vocabulary():
 
 
 def eval_splits(module: str) -> tuple[str, ...]:
-    """The test splits of `module`: test_extrapolate only where the release has one."""
+    """The test splits of `module`: test_extrapolate only where the release has one
+    (diabetes has none)."""
     from ntl_jax.data import catalogue
 
     if module == MULTIPLICATION:
         return EVAL_SPLITS
+    if module == DIABETES:
+        return ("test_interpolate",)
     if module in catalogue.TRAIN_MODULES and module not in catalogue.EXTRAPOLATION_FOR:
         return ("test_interpolate",)
     return EVAL_SPLITS
