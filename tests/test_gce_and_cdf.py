@@ -78,8 +78,8 @@ def reference(logits, targets, weights, nt, *, sigma, kind, ntl_weight=0.3, rewe
     order = np.argsort(v, kind="stable")
     ce = ntl = 0.0
     grad = np.zeros_like(logits)
-    for b in range(B):
-        for t in range(L):
+    for b in range(logits.shape[0]):
+        for t in range(logits.shape[1]):
             y, w = targets[b, t], weights[b, t]
             if w == 0 or not 0 <= y < vocab:
                 continue

@@ -114,6 +114,8 @@ def run_dir(out: str, spec: RunSpec) -> str:
 
 def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpec]]:
     """(pretraining runs, compared runs) of the comparison, in the order they train."""
+    from ntl_jax.train.step import trains_ntl
+
     losses = ["ce"] + [loss for loss in dict.fromkeys(args.losses) if loss != "ce"]
     weights = list(dict.fromkeys(args.ntl_weight))
     if args.protocol == "finetune":
@@ -123,7 +125,7 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
 
     def label(loss, weight, rate):
         text = loss
-        if loss != "ce" and len(weights) > 1:
+        if trains_ntl(loss) and len(weights) > 1:
             text += f" λ={weight:g}"
         if len(rates) > 1:
             text += f" lr={rate:g}"
@@ -140,7 +142,7 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
         for rate in rates:
             base = label("ce", 0.0, rate)
             for loss in losses:
-                for weight in ([0.0] if loss == "ce" else weights):
+                for weight in (weights if trains_ntl(loss) else [0.0]):
                     runs.append(RunSpec(label(loss, weight, rate), loss, seed, weight, rate,
                                         args.steps, None if loss == "ce" else base, init_from))
     return pretrain, runs
@@ -373,6 +375,7 @@ def run(args: argparse.Namespace) -> int:
         args.module = "multiplication"
     try:
         cli_train.check_module(args.module)
+        cli_train.check_gce_sigma(args, args.losses)
         out = check_output_dir(args.out)
         pretrain, runs = plan(args, out)
         for spec in pretrain + runs:

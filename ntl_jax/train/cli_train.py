@@ -17,8 +17,10 @@ from ntl_jax.losses import KINDS
 DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
                 batch_size=32, learning_rate=3e-3, warmup_steps=100,
                 train_examples=20_000, eval_examples=500)
-# "ce" and "ntl-<variant>" for every variant in `ntl_jax.losses.VARIANTS`.
-LOSSES = ("ce",) + tuple("ntl-" + kind.replace("_", "-") for kind in KINDS)
+# "ce" and "ntl-<variant>" for every variant in `ntl_jax.losses.VARIANTS`, and the same
+# on the Gaussian-smoothed cross-entropy, "gce" and "gce+ntl-<variant>" (`step.LOSS_KINDS`).
+_NTL = tuple("ntl-" + kind.replace("_", "-") for kind in KINDS)
+LOSSES = ("ce", "gce") + _NTL + tuple("gce+" + loss for loss in _NTL)
 PRESETS = ("micro", "tiny", "small", "base")
 ARCHITECTURES = ("encoder-decoder", "decoder-only")
 
@@ -62,6 +64,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                    nargs="+" if sweep else None, metavar="LAMBDA",
                    help="lambda in CE + lambda * NTL" + (", several to sweep it" if sweep else "")
                         + " (default: %(default)s)")
+    g.add_argument("--gce-sigma", type=positive_float, default=None, metavar="SIGMA",
+                   help="width of the Gaussian label of the gce losses (gce, gce+ntl-*): at a number "
+                        "target y, q_j ~ exp(-(v_j - y)^2 / (2 SIGMA^2)) over the number tokens "
+                        "(default: 1.0, the authors')")
     g.add_argument("--fused-loss", action=argparse.BooleanOptionalAction, default=True,
                    help="compute the loss from the decoder's hidden states without forming the "
                         "[batch, length, vocab] logits (ntl_jax.fused_cross_entropy_and_ntl; the "
@@ -80,7 +86,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss", choices=LOSSES, default="ntl-was",
-                        help="ce: cross-entropy only; ntl-*: CE + lambda * NTL "
+                        help="ce: cross-entropy only; ntl-*: CE + lambda * NTL; gce, gce+ntl-*: the "
+                             "same with the Gaussian-smoothed cross-entropy (--gce-sigma) "
                              "(default: %(default)s)")
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="initialisation, dropout and data order (default: 0)")
@@ -110,7 +117,18 @@ def make_config(args: argparse.Namespace, loss: str, seed: int, **overrides):
                   eval_every=args.eval_every)
     if getattr(args, "init_from", ""):
         fields["init_from"] = os.path.abspath(args.init_from)
+    if getattr(args, "gce_sigma", None) is not None:
+        fields["gce_sigma"] = args.gce_sigma
     return TrainConfig(**(fields | overrides))
+
+
+def check_gce_sigma(args: argparse.Namespace, losses) -> None:
+    """Raises ValueError if `--gce-sigma` is given but none of `losses` uses it."""
+    from ntl_jax.train.step import uses_gce
+
+    if getattr(args, "gce_sigma", None) is not None and not any(uses_gce(loss) for loss in losses):
+        raise ValueError(f"--gce-sigma applies to the gce losses (gce, gce+ntl-<variant>), got "
+                         f"{', '.join(losses)}")
 
 
 def check_module(module: str) -> None:
@@ -135,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         check_module(args.module)
+        check_gce_sigma(args, [args.loss])
         out = check_output_dir(args.out)
         config = make_config(args, args.loss, args.seed)
         config.validate()

@@ -19,9 +19,25 @@ from ntl_jax.number_tokens import NumberTokens
 from ntl_jax.objective import cross_entropy_and_ntl
 
 # `--loss` values: "ce", the cross-entropy baseline (NTL-WAS at weight 0: logged, not
-# trained on), and "ntl-<variant>" for each variant of the one table, `losses.VARIANTS`.
+# trained on), and "ntl-<variant>" for each variant of the one table, `losses.VARIANTS`;
+# and the same on the Gaussian-smoothed cross-entropy (`gce_sigma`): "gce", "gce+ntl-<variant>".
 CE_DIAGNOSTIC_KIND = "was"
-LOSS_KINDS = {"ce": CE_DIAGNOSTIC_KIND} | {"ntl-" + kind.replace("_", "-"): kind for kind in losses.KINDS}
+GCE_PREFIX = "gce+"
+_PLAIN_KINDS = {"ce": CE_DIAGNOSTIC_KIND} | {"ntl-" + kind.replace("_", "-"): kind for kind in losses.KINDS}
+LOSS_KINDS = (_PLAIN_KINDS | {"gce": CE_DIAGNOSTIC_KIND}
+              | {GCE_PREFIX + name: kind for name, kind in _PLAIN_KINDS.items() if name != "ce"})
+# The authors' default width of the Gaussian label (`GaussianLabelSmoother`).
+DEFAULT_GCE_SIGMA = 1.0
+
+
+def uses_gce(loss: str) -> bool:
+    """Whether `loss` ("gce", "gce+ntl-<variant>") smooths the cross-entropy's label."""
+    return loss == "gce" or loss.startswith(GCE_PREFIX)
+
+
+def trains_ntl(loss: str) -> bool:
+    """Whether `loss` trains on NTL ("ce" and "gce" only log it)."""
+    return loss not in ("ce", "gce")
 
 
 def model_inputs(batch: dict) -> tuple[tuple, dict]:
@@ -59,7 +75,7 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
                     number_tokens: NumberTokens, *, loss: str = "ntl-was",
                     ntl_weight: float = 0.3, z_loss: float = 1e-4,
                     loss_normalizing_factor: Any = "NUM_REAL_TARGET_TOKENS",
-                    fused_loss: bool = False):
+                    fused_loss: bool = False, gce_sigma: float = DEFAULT_GCE_SIGMA):
     """Returns `train_step(state, batch) -> (state, metrics)`, jitted.
 
     Args:
@@ -68,25 +84,30 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
       optimizer: the optax transformation `state.opt_state` belongs to.
       number_tokens: the vocabulary's number tokens (a static closure constant).
       loss: a key of `LOSS_KINDS`; "ce" trains with cross-entropy only (and logs
-        NTL-WAS as a diagnostic).
-      ntl_weight: λ in CE + λ·NTL (0.3 in the paper); ignored (0) for "ce".
+        NTL-WAS as a diagnostic); "gce" likewise with the Gaussian-smoothed
+        cross-entropy, and "gce+ntl-<variant>" is GCE + λ·NTL (the paper pairs GCE with
+        NTL-WAS-CDF, "gce+ntl-was-cdf", which then scores against the smoothed label).
+      ntl_weight: λ in CE + λ·NTL (0.3 in the paper); ignored (0) for "ce" and "gce".
       z_loss, loss_normalizing_factor: as in T5X's cross-entropy.
       fused_loss: compute the loss from the decoder's hidden states and the logits
         kernel with `ntl_jax.fused_cross_entropy_and_ntl`, never forming the
         `[batch, length, vocab]` logits; the same loss to float32 rounding.
+      gce_sigma: the width of the Gaussian label of the "gce" losses (1.0, the
+        authors' default); not used by the others.
     """
     if loss not in LOSS_KINDS:
         raise ValueError(f"loss must be one of {sorted(LOSS_KINDS)}, got {loss!r}")
     ntl_kind = LOSS_KINDS[loss]
-    if loss == "ce":
+    if not trains_ntl(loss):
         ntl_weight = 0.0
+    gce_sigma = gce_sigma if uses_gce(loss) else 0.0
 
     def loss_fn(params, batch, dropout_rng):
         args, kwargs = model_inputs(batch)
         kwargs.update(enable_dropout=True, rngs={"dropout": dropout_rng})
         targets = batch["decoder_target_tokens"]
         options = dict(weights=batch["decoder_loss_weights"], ntl_kind=ntl_kind, ntl_weight=ntl_weight,
-                       z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor)
+                       z_loss=z_loss, gce_sigma=gce_sigma, loss_normalizing_factor=loss_normalizing_factor)
         if fused_loss:
             hidden, kernel = flax_head.hidden_states_and_kernel(model, {"params": params}, *args, **kwargs)
             return fused_cross_entropy_and_ntl(hidden, kernel, targets, number_tokens, **options)

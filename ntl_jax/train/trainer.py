@@ -40,6 +40,8 @@ class TrainConfig:
     clip_norm: float = 1.0
     ntl_weight: float = 0.3
     z_loss: float = 1e-4
+    # The width of the Gaussian label of the "gce" losses; part of those runs' identity only.
+    gce_sigma: float = step_lib.DEFAULT_GCE_SIGMA
     dropout_rate: float = 0.0
     # The loss from hidden states and the logits kernel, without the logits
     # (`ntl_jax.fused_cross_entropy_and_ntl`); equal to float32 rounding, so part of
@@ -74,6 +76,8 @@ class TrainConfig:
         if not 0 <= self.ntl_weight < math.inf or not 0 <= self.dropout_rate < 1:
             raise ValueError(f"expected a finite ntl_weight >= 0 and 0 <= dropout_rate < 1, got "
                              f"{self.ntl_weight} and {self.dropout_rate}")
+        if step_lib.uses_gce(self.loss) and not 0 < self.gce_sigma < math.inf:
+            raise ValueError(f"expected a finite gce_sigma > 0 for loss {self.loss!r}, got {self.gce_sigma}")
         if self.optimizer not in optim.OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {optim.OPTIMIZERS}, got {self.optimizer!r}")
         if self.architecture not in network.ARCHITECTURES:
@@ -91,6 +95,8 @@ class TrainConfig:
             d.pop(key)
         if not self.fused_loss:  # as runs saved before the option existed, which resume unfused
             d.pop("fused_loss")
+        if not step_lib.uses_gce(self.loss):  # not used: as runs saved before the option existed
+            d.pop("gce_sigma")
         return d
 
 
@@ -207,6 +213,7 @@ class StepSpec:
     ntl_weight: float
     z_loss: float
     fused_loss: bool
+    gce_sigma: float
     number_tokens: NumberTokens = dataclasses.field(compare=False, repr=False)
 
     @classmethod
@@ -218,6 +225,7 @@ class StepSpec:
                    schedule=config.schedule, weight_decay=config.weight_decay,
                    clip_norm=config.clip_norm, loss=config.loss, ntl_weight=config.ntl_weight,
                    z_loss=config.z_loss, fused_loss=config.fused_loss,
+                   gce_sigma=config.gce_sigma if step_lib.uses_gce(config.loss) else 0.0,
                    number_tokens=number_tokens)
 
 
@@ -233,7 +241,7 @@ def build_step(spec: StepSpec):
         weight_decay=spec.weight_decay, clip_norm=spec.clip_norm)
     train_step = step_lib.make_train_step(
         model, optimizer, spec.number_tokens, loss=spec.loss, ntl_weight=spec.ntl_weight,
-        z_loss=spec.z_loss, fused_loss=spec.fused_loss)
+        z_loss=spec.z_loss, fused_loss=spec.fused_loss, gce_sigma=spec.gce_sigma)
     return model, optimizer, train_step
 
 

@@ -1,0 +1,110 @@
+"""The trainer's Gaussian-smoothed losses: `--loss gce` and `gce+ntl-<variant>` (the
+paper's GCE + NTL-WAS-CDF is `gce+ntl-was-cdf`), `--gce-sigma`, on the micro preset."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("orbax.checkpoint")
+
+from conftest import fake_data, micro_config  # noqa: E402
+
+from ntl_jax import cli  # noqa: E402
+from ntl_jax.train import cli_compare, cli_train, network, optim, trainer  # noqa: E402
+from ntl_jax.train import step as step_lib  # noqa: E402
+from ntl_jax.train.checkpoint import CheckpointError  # noqa: E402
+from tests.test_gce_and_cdf import reference  # noqa: E402
+
+
+def test_every_loss_name_is_a_step_loss():
+    assert set(cli_train.LOSSES) == set(step_lib.LOSS_KINDS)
+    assert {"gce", "ntl-was-cdf", "gce+ntl-was-cdf", "gce+ntl-was"} <= set(cli_train.LOSSES)
+    assert step_lib.LOSS_KINDS["gce+ntl-was-cdf"] == "was_cdf"
+    assert [loss for loss in cli_train.LOSSES if not step_lib.trains_ntl(loss)] == ["ce", "gce"]
+
+
+def _metrics(vocabulary, loss, fused_loss, **options):
+    """One step's metrics from a fresh micro network, and the logits it saw."""
+    data = fake_data(vocabulary, n=8, batch=8)
+    model = network.Transformer(network.make_config("micro", vocabulary.vocab_size))
+    nt = trainer.number_tokens_of(vocabulary)
+    opt = optim.make_optimizer("adamw", learning_rate=1e-2, total_steps=10, warmup_steps=0)
+    batch = data.batch(0)
+    state = step_lib.create_train_state(model, opt, batch, seed=0)
+    step = step_lib.make_train_step(model, opt, nt, loss=loss, fused_loss=fused_loss, **options)
+    args, kwargs = step_lib.model_inputs(batch)
+    logits = model.apply({"params": state.params}, *args, **kwargs, enable_dropout=False)
+    return step(state, batch)[1], logits, batch, nt
+
+
+@pytest.mark.parametrize("fused_loss", [False, True], ids=["logits", "fused"])
+@pytest.mark.parametrize("loss,sigma", [("gce", 1.0), ("gce+ntl-was-cdf", 2.0), ("ntl-was-cdf", None)])
+def test_the_step_trains_on_the_reference_objective(vocabulary, fused_loss, loss, sigma):
+    options = {} if sigma is None else {"gce_sigma": sigma}
+    metrics, logits, batch, nt = _metrics(vocabulary, loss, fused_loss, **options)
+    weights = np.asarray(batch["decoder_loss_weights"], np.float64)
+    kind = "was" if loss == "gce" else "was_cdf"
+    _, ce, ntl, _ = reference(logits, batch["decoder_target_tokens"], weights, nt, sigma=sigma or 0.0, kind=kind,
+                              factor=weights.sum())
+    # float32 sums over 8 rows of O(1) terms (the fused head sums in another order).
+    np.testing.assert_allclose(float(metrics["cross_entropy"]), ce, rtol=2e-5)
+    np.testing.assert_allclose(float(metrics["ntl"]), ntl, rtol=2e-5)
+    weight = 0.0 if loss == "gce" else 0.3  # gce only logs NTL-WAS, as ce does
+    np.testing.assert_allclose(float(metrics["loss"]), float(metrics["cross_entropy"] + metrics["z_loss"])
+                               + weight * float(metrics["ntl"]), rtol=1e-6)
+
+
+def test_gce_sigma_is_part_of_the_identity_of_gce_runs_only(vocabulary, tmp_path):
+    data = fake_data(vocabulary)
+    assert "gce_sigma" not in micro_config(data, loss="ntl-was-cdf").identity()
+    assert micro_config(data, loss="gce").identity()["gce_sigma"] == 1.0
+    with pytest.raises(ValueError, match="expected a finite gce_sigma > 0 for loss 'gce', got 0.0"):
+        micro_config(data, loss="gce", gce_sigma=0.0).validate()
+    out = str(tmp_path / "run")
+    result = trainer.train(micro_config(data, loss="gce+ntl-was-cdf", gce_sigma=0.5, steps=4), out, data=data,
+                           progress=False, tensorboard=False)
+    assert result["step"] == 4
+    assert json.load(open(os.path.join(out, "config.json")))["gce_sigma"] == 0.5
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert all(np.isfinite(r["train/ntl"]) and r["train/ntl"] > 0 for r in records if "train/ntl" in r)
+    with pytest.raises(CheckpointError, match="gce_sigma: checkpoint has 0.5, this run has 1.0"):
+        trainer.train(micro_config(data, loss="gce+ntl-was-cdf", steps=4), out, data=data, progress=False,
+                      tensorboard=False)
+
+
+MICRO = ["--preset", "micro", "--train-examples", "16", "--eval-examples", "4", "--batch-size", "8",
+         "--log-every", "1", "--checkpoint-every", "2", "--no-progress", "--no-tensorboard"]
+
+
+def test_flags_reach_the_config_and_an_unused_sigma_is_refused(tmp_path, capsys):
+    argv = ["train", "--loss", "gce+ntl-was-cdf", "--gce-sigma", "2.5", "--out", str(tmp_path)] + MICRO
+    args = cli.build_parser(argv).parse_args(argv)
+    config = cli_train.make_config(args, args.loss, 0)
+    assert (config.loss, config.gce_sigma) == ("gce+ntl-was-cdf", 2.5)
+    argv = ["train", "--loss", "gce", "--out", str(tmp_path)] + MICRO
+    assert cli_train.make_config(cli.build_parser(argv).parse_args(argv), "gce", 0).gce_sigma == 1.0
+    assert cli.main(["train", "--loss", "ntl-was-cdf", "--gce-sigma", "1", "--out", str(tmp_path)] + MICRO) == 2
+    assert ("--gce-sigma applies to the gce losses (gce, gce+ntl-<variant>), got ntl-was-cdf"
+            in capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--loss", "gce", "--gce-sigma", "0", "--out", str(tmp_path)] + MICRO)
+    assert "expected a finite number > 0, got 0.0" in capsys.readouterr().err
+    assert cli.main(["compare", "--losses", "ntl-was", "--gce-sigma", "1", "--out", str(tmp_path)] + MICRO) == 2
+    assert "got ntl-was" in capsys.readouterr().err
+
+
+def test_compare_plans_gce_without_lambda_and_gce_ntl_with_each(tmp_path):
+    argv = ["compare", "--losses", "gce", "gce+ntl-was-cdf", "--ntl-weight", "0.1", "0.3", "--seeds", "1",
+            "--gce-sigma", "0.5", "--out", str(tmp_path)] + MICRO
+    args = cli.build_parser(argv).parse_args(argv)
+    _, runs = cli_compare.plan(args, str(tmp_path))
+    assert [(r.label, r.ntl_weight, r.baseline) for r in runs] == [
+        ("ce", 0.0, None), ("gce", 0.0, "ce"), ("gce+ntl-was-cdf λ=0.1", 0.1, "ce"),
+        ("gce+ntl-was-cdf λ=0.3", 0.3, "ce")]
+    configs = [cli_compare._config(args, r) for r in runs]
+    assert [c.identity().get("gce_sigma") for c in configs] == [None, 0.5, 0.5, 0.5]
+    assert os.path.basename(os.path.dirname(cli_compare.run_dir(str(tmp_path), runs[2]))) == \
+        "gce_ntl-was-cdf_lambda=0.1"
