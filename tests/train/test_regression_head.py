@@ -1,0 +1,156 @@
+"""The regression-head baseline: pooling, the head, targets, the step's loss, evaluation, the trainer."""
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flax")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from ntl_jax.train import data as data_lib  # noqa: E402
+from ntl_jax.train import network, optim  # noqa: E402
+from ntl_jax.train import regression_head as rh  # noqa: E402
+from ntl_jax.train import step as step_lib  # noqa: E402
+
+
+def _tokens(vocabulary, texts, length):
+    return data_lib.encode_texts(vocabulary, texts, length)[0]
+
+
+def _params(cfg, tokens, seed=0, **kwargs):
+    return rh.RegressionHead(cfg, **kwargs).init(jax.random.key(seed), jnp.asarray(tokens),
+                                                 enable_dropout=False)["params"]
+
+
+def test_mean_pooling_and_linear_head_against_numpy(vocabulary):
+    cfg = network.make_config("micro", vocabulary.vocab_size)
+    tokens = _tokens(vocabulary, ["what is 3+4?", "what is 12+30?", "7"], 16)
+    model = rh.RegressionHead(cfg)
+    params = _params(cfg, tokens)
+    # the encodings from the encoder-decoder's own encode(), with the head's encoder parameters
+    t5 = network.Transformer(cfg)
+    t5_params = t5.init(jax.random.key(1), jnp.asarray(tokens), jnp.asarray(tokens), jnp.asarray(tokens),
+                        enable_dropout=False)["params"]
+    t5_params = dict(t5_params, encoder=params["encoder"], token_embedder=params["token_embedder"])
+    encoded = np.asarray(t5.apply({"params": t5_params}, jnp.asarray(tokens), enable_dropout=False,
+                                  method=t5.encode), np.float64)
+    real = tokens > 0
+    pooled = np.stack([encoded[i][real[i]].mean(axis=0) for i in range(len(tokens))])
+    kernel, bias = np.asarray(params["head"]["kernel"], np.float64), np.asarray(params["head"]["bias"], np.float64)
+    expected = pooled @ kernel[:, 0] + bias[0]
+    got = np.asarray(model.apply({"params": params}, jnp.asarray(tokens), enable_dropout=False))
+    assert got.shape == (3,) and got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    # more padding changes nothing: the pool and attention skip padding
+    padded = np.concatenate([tokens, np.zeros((3, 8), tokens.dtype)], axis=1)
+    np.testing.assert_allclose(model.apply({"params": params}, jnp.asarray(padded), enable_dropout=False),
+                               got, rtol=1e-5, atol=1e-5)
+    # decoder features, as the trainer's batches carry them, are accepted and ignored
+    np.testing.assert_array_equal(model.apply({"params": params}, jnp.asarray(tokens), tokens, tokens,
+                                              enable_dropout=False), got)
+    with pytest.raises(ValueError, match="must be \\[batch, length\\], got shape \\(16,\\)"):
+        model.apply({"params": params}, jnp.asarray(tokens[0]), enable_dropout=False)
+
+
+def test_a_seed_initialises_the_encoder_as_the_ce_model(vocabulary):
+    data = _data(vocabulary)
+    cfg = network.make_config("micro", vocabulary.vocab_size)
+    optimizer = optim.make_optimizer(total_steps=4)
+    ce = step_lib.create_train_state(network.Transformer(cfg), optimizer, data.batch(0), seed=5)
+    head = step_lib.create_train_state(rh.RegressionHead(cfg), optimizer, data.batch(0), seed=5)
+    for name in ("encoder", "token_embedder"):
+        for a, b in zip(jax.tree.leaves(ce.params[name]), jax.tree.leaves(head.params[name])):
+            np.testing.assert_array_equal(a, b)
+    assert sorted(head.params) == ["encoder", "head", "token_embedder"]
+    np.testing.assert_array_equal(jax.random.key_data(ce.dropout_rng), jax.random.key_data(head.dropout_rng))
+
+
+def test_answer_values_and_scales(vocabulary):
+    targets = _tokens(vocabulary, ["151", "-3", "0.25", "25"], 8)
+    np.testing.assert_array_equal(rh.answer_values(vocabulary, targets), [151.0, -3.0, 0.25, 25.0])
+    with pytest.raises(ValueError, match="expected a number as every answer, got 'abc'"):
+        rh.answer_values(vocabulary, _tokens(vocabulary, ["7", "abc"], 8))
+    y = np.array([25.0, 151.0, 346.0, 0.0])
+    np.testing.assert_array_equal(rh.to_training_scale(y, True), np.log1p(y))
+    np.testing.assert_allclose(rh.from_training_scale(rh.to_training_scale(y, True), True), y, rtol=1e-15)
+    np.testing.assert_array_equal(rh.to_training_scale(y, False), y)
+    with pytest.raises(ValueError, match="expected answers > -1 for log-scaled targets, got -3"):
+        rh.to_training_scale([-3.0, 4.0], True)
+
+
+def _data(vocabulary, n=64, batch=8, seed=0):
+    from conftest import fake_data
+
+    return fake_data(vocabulary, n=n, batch=batch, seed=seed)
+
+
+@pytest.mark.parametrize("log_targets", [True, False])
+def test_train_step_minimises_the_mse_of_the_answers(vocabulary, log_targets):
+    data = _data(vocabulary)
+    cfg = network.make_config("micro", vocabulary.vocab_size)
+    model = rh.RegressionHead(cfg, log_targets=log_targets)
+    # raw answers (0-98) are far from a fresh head's outputs: a larger rate to get there in 60 steps
+    optimizer = optim.make_optimizer(learning_rate=3e-3 if log_targets else 3e-2, total_steps=60, warmup_steps=2)
+    state = step_lib.create_train_state(model, optimizer, data.batch(0), seed=0)
+    train_step = rh.make_train_step(model, optimizer, vocabulary)
+    batch = data.batch(0)
+    answers = np.array([float(vocabulary.decode([t for t in row if t > 1])) for row in batch["decoder_target_tokens"]])
+    y = np.log1p(answers) if log_targets else answers
+    pred = np.asarray(model.apply({"params": state.params}, jnp.asarray(batch["encoder_input_tokens"]),
+                                  enable_dropout=False), np.float64)
+    new_state, metrics = train_step(state, batch)
+    # float32 forward pass: relative error of the squares ~ 1e-6
+    assert float(metrics["loss"]) == pytest.approx(np.mean((pred - y) ** 2), rel=1e-5)
+    assert float(metrics["mse"]) == float(metrics["loss"]) and float(metrics["grad_norm"]) > 0
+    assert int(new_state.step) == 1
+    losses = []
+    for s in range(60):
+        state, metrics = train_step(state, data.batch(s))
+        losses.append(float(metrics["loss"]))
+    assert np.mean(losses[-8:]) < 0.5 * np.mean(losses[:8])
+    with pytest.raises(ValueError, match="expected encoder-decoder features"):
+        train_step(state, {"decoder_input_tokens": batch["decoder_target_tokens"],
+                           "decoder_target_tokens": batch["decoder_target_tokens"]})
+
+
+def test_format_prediction():
+    assert rh.format_prediction(151.374) == "151.37"
+    assert rh.format_prediction(151.0) == "151" and rh.format_prediction(-0.5) == "-0.5"
+    assert rh.format_prediction(3.2e12) == "3200000000000"  # never an exponent
+    assert rh.format_prediction(math.nan) == "nan" and rh.format_prediction(math.inf) == "inf"
+    from ntl_jax.metrics import parse_number
+
+    for v in (0.004, 12.345, -999.5, 1e-7):
+        assert parse_number(rh.format_prediction(v)) == pytest.approx(round(v, 2), abs=1e-12)
+    assert math.isnan(parse_number(rh.format_prediction(math.nan)))
+
+
+@pytest.mark.parametrize("log_targets", [True, False])
+def test_evaluate_scores_the_formatted_predictions(vocabulary, log_targets):
+    from ntl_jax.data import diabetes
+    from ntl_jax.train import evaluate
+
+    data = _data(vocabulary)
+    cfg = network.make_config("micro", vocabulary.vocab_size)
+    model = rh.RegressionHead(cfg, log_targets=log_targets)
+    params = _params(cfg, data.batch(0)["encoder_input_tokens"], log_targets=log_targets)
+    eval_set = data.eval_sets["test_interpolate"]
+    eval_set = data_lib.EvalSet(eval_set.inputs, eval_set.questions, eval_set.answers, diabetes.metrics)
+    metrics, preds = rh.evaluate(model, params, {"test_interpolate": eval_set}, vocabulary, 8, batch_size=3)
+    raw = np.asarray(model.apply({"params": params}, jnp.asarray(eval_set.inputs), enable_dropout=False), np.float64)
+    values = np.expm1(raw) if log_targets else raw
+    assert preds["test_interpolate"] == [rh.format_prediction(v) for v in values]
+    expected = evaluate.score(preds["test_interpolate"], eval_set.answers) | diabetes.metrics(
+        eval_set.questions, eval_set.answers, preds["test_interpolate"])
+    assert metrics == {f"test_interpolate/{k}": pytest.approx(v, nan_ok=True) for k, v in expected.items()}
+    assert metrics["test_interpolate/num_examples"] == 8
+
+
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(rh)
+    assert result.attempted > 0 and result.failed == 0
