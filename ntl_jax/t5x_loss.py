@@ -36,9 +36,10 @@ from ntl_jax.number_tokens import NumberTokens
 NTL_KINDS = losses.KINDS + ("none",)
 
 
-def check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level) -> None:
+def check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level, gce_sigma=0.0,
+                      label_smoothing=0.0) -> None:
     """Raises `TypeError`/`ValueError` for options the NTL models do not accept."""
-    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, 0.0, 0.0)
+    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, 0.0, gce_sigma)
     losses.check_bool("digit_level", digit_level)
 
 
@@ -166,6 +167,7 @@ def model_loss(
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     loss_normalizing_factor=None,
+    gce_sigma: float = 0.0,
 ) -> ModelLoss:
     """The NTL T5X models' loss and metric inputs from their logits and batch.
 
@@ -190,7 +192,8 @@ def model_loss(
       batch: the T5X batch (`decoder_target_tokens` required).
       number_tokens: the output vocabulary's `NumberTokens` (the network may round the
         vocabulary up: ids beyond the table are no numbers).
-      ntl_kind, ntl_weight, reweigh, squash_factor: as `cross_entropy_and_ntl`.
+      ntl_kind, ntl_weight, reweigh, squash_factor, gce_sigma: as `cross_entropy_and_ntl`
+        (`gce_sigma` > 0: Gaussian-smoothed cross-entropy, exclusive with label smoothing).
       label_smoothing, z_loss, loss_normalizing_factor: the stock model's options.
 
     Returns:
@@ -198,7 +201,8 @@ def model_loss(
     """
     targets = batch["decoder_target_tokens"]
     vocab = jnp.shape(logits)[-1]
-    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
+    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
+                                      gce_sigma)
     losses.check_inputs(logits, targets, number_tokens, batch.get("decoder_loss_weights"))
     weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
     # As `cross_entropy_and_ntl`; the number logits are kept for the metrics even when
@@ -209,7 +213,7 @@ def model_loss(
     return _model_loss_from_head(
         head, clean_targets, weights, factor, batch, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
         ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
-        loss_normalizing_factor=loss_normalizing_factor,
+        loss_normalizing_factor=loss_normalizing_factor, gce_sigma=gce_sigma,
     )
 
 
@@ -228,6 +232,7 @@ def model_loss_from_hidden(
     loss_normalizing_factor=None,
     chunk_size: Optional[int] = None,
     vocab_axis: Optional[str] = None,
+    gce_sigma: float = 0.0,
 ) -> ModelLoss:
     """`model_loss(hidden @ kernel, ...)` without forming the logits
     (`ntl_jax.fused_cross_entropy_and_ntl`'s streaming; the same values to float32
@@ -241,7 +246,8 @@ def model_loss_from_hidden(
     is never gathered (`fused_cross_entropy_and_ntl`'s `vocab_axis`; the mesh's
     other axes shard the batch)."""
     targets = batch["decoder_target_tokens"]
-    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss)
+    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
+                                      gce_sigma)
     fused.check_fused_inputs(hidden, kernel, targets, number_tokens, batch.get("decoder_loss_weights"), chunk_size)
     vocab = jnp.shape(kernel)[1]
     weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
@@ -255,7 +261,7 @@ def model_loss_from_hidden(
     return _model_loss_from_head(
         head, clean_targets, weights, factor, batch, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
         ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
-        loss_normalizing_factor=loss_normalizing_factor, accuracy_inputs=accuracy_inputs,
+        loss_normalizing_factor=loss_normalizing_factor, accuracy_inputs=accuracy_inputs, gce_sigma=gce_sigma,
     )
 
 
@@ -284,12 +290,13 @@ def check_vocab_axis(vocab_axis, name: str = "fused_vocab_axis") -> None:
 
 
 def _model_loss_from_head(head, clean_targets, weights, factor, batch, number_tokens, *, vocab, ntl_kind, ntl_weight,
-                          squash_factor, label_smoothing, z_loss, loss_normalizing_factor, accuracy_inputs=None):
+                          squash_factor, label_smoothing, z_loss, loss_normalizing_factor, accuracy_inputs=None,
+                          gce_sigma=0.0):
     """The common tail of `model_loss` and `model_loss_from_hidden`."""
     targets = batch["decoder_target_tokens"]
     loss, parts = objective.objective_from_head(
         head, clean_targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
-        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
+        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma,
     )
     num_tokens = jnp.array(np.prod(jnp.shape(targets)))
     cross_entropy = parts["cross_entropy"]
@@ -325,7 +332,7 @@ class NTLLossMixin:
     attributes the concrete model sets (T5X's `AveragePerStep`, clu's `Average`).
 
     Keyword arguments (the rest pass through to the base class): `ntl_weight`,
-    `ntl_kind`, `reweigh`, `squash_factor`, `digit_level`, `fused_loss`,
+    `ntl_kind`, `reweigh`, `squash_factor`, `digit_level`, `gce_sigma`, `fused_loss`,
     `fused_chunk_size`, `fused_vocab_axis`; see
     `ntl_jax.t5x.models.NTLEncoderDecoderModel`.
 
@@ -350,6 +357,7 @@ class NTLLossMixin:
         reweigh: bool = False,
         squash_factor: Optional[float] = None,
         digit_level: bool = True,
+        gce_sigma: float = 0.0,
         fused_loss: bool = False,
         fused_chunk_size: Optional[int] = None,
         fused_vocab_axis: Optional[str] = "model",
@@ -363,6 +371,7 @@ class NTLLossMixin:
             reweigh=reweigh,
             squash_factor=squash_factor,
             digit_level=digit_level,
+            gce_sigma=gce_sigma,
         )
         losses.check_bool("fused_loss", fused_loss)
         fused.check_chunk_size(fused_chunk_size, "fused_chunk_size")
@@ -371,8 +380,10 @@ class NTLLossMixin:
         check_vocab_axis(fused_vocab_axis, "fused_vocab_axis")
         self._fused_vocab_axis = fused_vocab_axis
 
-    def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level):
-        check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level)
+    def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level, gce_sigma=0.0):
+        check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level, gce_sigma,
+                          getattr(self, "_label_smoothing", 0.0))
+        self._gce_sigma = float(gce_sigma)
         self._ntl_weight = float(ntl_weight)
         self._ntl_kind = ntl_kind
         self._reweigh = bool(reweigh)
@@ -384,6 +395,11 @@ class NTLLossMixin:
     def number_tokens(self) -> NumberTokens:
         """The number tokens of the output vocabulary."""
         return self._number_tokens
+
+    @property
+    def gce_sigma(self) -> float:
+        """The width of the Gaussian label of the cross-entropy (0: the stock one-hot)."""
+        return self._gce_sigma
 
     @property
     def ntl_options(self) -> dict:
@@ -410,6 +426,7 @@ class NTLLossMixin:
             label_smoothing=self._label_smoothing,
             z_loss=self._z_loss,
             loss_normalizing_factor=self._loss_normalizing_factor,
+            gce_sigma=self._gce_sigma,
             **self.ntl_options,
         )
         if self._fused_loss:

@@ -178,6 +178,17 @@ def test_experiments_leave_the_loss_to_the_macros():
         assert effective_loss([EXPERIMENTS[0], name], []) == EARLIER_LOSSES[pathlib.PurePosixPath(name).stem]
 
 
+@pytest.mark.parametrize("name", ["models/ntl_encoder_decoder.gin", "models/ntl_decoder_only.gin"])
+def test_the_ntl_models_bind_every_loss_macro(name):
+    # Gaussian-smoothed cross-entropy is off unless NTL_GCE_SIGMA is set (e.g. with NTL_KIND 'was_cdf').
+    assert macros(name)["NTL_GCE_SIGMA"] == "0.0"
+    text = code((CONFIGS / name).read_text())
+    for option, macro in (("ntl_weight", "NTL_WEIGHT"), ("ntl_kind", "NTL_KIND"), ("reweigh", "NTL_REWEIGH"),
+                          ("squash_factor", "NTL_SQUASH_FACTOR"), ("gce_sigma", "NTL_GCE_SIGMA"),
+                          ("fused_loss", "NTL_FUSED_LOSS")):
+        assert re.search(rf"^\s+{option} = %{macro}$", text, re.M), (name, option)
+
+
 def test_byte_model_sizes_its_network_from_the_vocabulary():
     text = code((CONFIGS / "models/t5_1_1_tiny_byte_ntl.gin").read_text())
     assert "vocab_size = @ntl_models.padded_vocab_size()" in text

@@ -553,6 +553,44 @@ def test_loss_fn_jits_and_its_gradient_is_the_objective_gradient():
     assert np.isfinite(np.asarray(grad["logits"])).all()
 
 
+# -- Gaussian-smoothed cross-entropy and NTL-WAS-CDF ------------------------------------
+
+
+@pytest.mark.parametrize("factor", [None, "NUM_REAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE"], ids=str)
+def test_gce_and_was_cdf_match_the_float64_reference(factor):
+    from tests.test_gce_and_cdf import reference
+
+    batch, logits = make_batch(True, seed=23), make_logits(23)
+    out = loss_of(logits, batch, ntl_kind="was_cdf", gce_sigma=1.5, loss_normalizing_factor=factor)
+    lnf, weights = t5x_factor_and_weights(factor, batch)
+    want, ce, ntl, _ = reference(logits, batch["decoder_target_tokens"], weights, NT, sigma=1.5, kind="was_cdf",
+                                 factor=lnf)
+    # float32 sums of 30 positions, each a logsumexp over 24 logits or a cumulative sum over 10.
+    np.testing.assert_allclose(float(out.loss), want, rtol=2e-6)
+    np.testing.assert_allclose(float(out.per_step["cross_ent_loss"]), ce, rtol=2e-6)
+    np.testing.assert_allclose(float(out.per_step["ntl_loss"]), ntl, rtol=2e-6)
+    # The fused head gives the same.
+    rng = np.random.default_rng(23)
+    hidden = jnp.asarray(rng.normal(size=(3, 10, 5)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(5, WIDTH)), jnp.float32)
+    options = dict(ntl_kind="was_cdf", gce_sigma=1.5, loss_normalizing_factor=factor)
+    fused = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, chunk_size=7, **options)
+    unfused = loss_of(jnp.einsum("bld,dv->blv", hidden, kernel), batch, **options)
+    np.testing.assert_allclose(float(fused.loss), float(unfused.loss), rtol=2e-5)
+
+
+def test_the_model_trains_on_the_gaussian_label():
+    batch, logits = make_batch(False, seed=24), make_logits(24)
+    model = fake_model(ntl_kind="was_cdf", gce_sigma=0.8, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    assert model.gce_sigma == 0.8 and fake_model().gce_sigma == 0.0
+    loss, metrics = model.loss_fn({"logits": logits}, batch, None)
+    want = loss_of(logits, batch, ntl_kind="was_cdf", gce_sigma=0.8, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    plain = loss_of(logits, batch, ntl_kind="was_cdf", loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    assert float(loss) == float(want.loss)
+    assert value(metrics["cross_ent_loss"]) == float(want.per_step["cross_ent_loss"])
+    assert abs(float(want.loss) - float(plain.loss)) > 1e-3  # the label is smoothed
+
+
 def test_number_tokens_come_from_the_output_vocabulary():
     model = fake_model(digit_level=True)
     np.testing.assert_array_equal(model.number_tokens.ids, DIGIT_IDS)
@@ -571,6 +609,11 @@ def test_number_tokens_come_from_the_output_vocabulary():
         (dict(digit_level=1), TypeError),
         (dict(squash_factor=1.0), ValueError),
         (dict(ntl_kind="mse", squash_factor=2.0), ValueError),
+        (dict(gce_sigma=-1.0), ValueError),
+        (dict(gce_sigma=float("nan")), ValueError),
+        (dict(gce_sigma="1"), TypeError),
+        (dict(gce_sigma=1.0, label_smoothing=0.1), ValueError),
+        (dict(ntl_kind="was_cdf", squash_factor=2.0), ValueError),
     ],
 )
 def test_bad_options_raise(kwargs, error):

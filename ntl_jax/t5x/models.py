@@ -82,12 +82,17 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
       ntl_weight: the factor on NTL (lambda; 0.3 in the paper). 0 trains with
         cross-entropy alone and still logs the NTL metrics.
       ntl_kind: `"was"` (Wasserstein-1, the paper's NTL-WAS), `"mse"`, `"mae"`,
-        `"huber"` (dot-product NTL), `"number_level"`, `"number_level_float"`, or
-        `"none"`.
+        `"huber"` (dot-product NTL), `"number_level"`, `"number_level_float"`,
+        `"was_cdf"` (NTL-WAS-CDF), or `"none"`.
       reweigh: scale by the probability mass on number tokens (ntloss's default is
         True; the paper, and this default, use False).
       squash_factor: for `"was"`, make the farthest wrong digit cost this many times
         the closest one (None: plain |difference|).
+      gce_sigma: Gaussian-smoothed cross-entropy (the paper's GCE baseline): at a
+        number target the label is a Gaussian of this width over the number tokens'
+        values (`ntl_jax.cross_entropy_and_ntl`); 0 (default) is the stock one-hot.
+        Exclusive with `label_smoothing`. The paper pairs it with
+        `ntl_kind="was_cdf"`, which then scores against the smoothed label.
       digit_level: only the single characters 0-9 are number tokens (the paper);
         False counts every piece that parses as a number.
       fused_loss: compute the loss from the decoder's hidden states and the logits
