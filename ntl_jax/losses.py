@@ -4,7 +4,9 @@ Zausinger et al., "Regress, Don't Guess - A Regression-like Loss on Number Token
 Language Models", ICML 2025 (arXiv:2411.02083). Every function here gives the same
 numbers as the authors' PyTorch package `ntloss` 0.3.2 (`NTLoss`, `NTLossDotProduct`,
 `NumberLevelLoss`), but with static shapes: masks instead of boolean indexing, no
-host synchronisation, so they run under `jit`, `vmap`, `grad` and sharding.
+host synchronisation, so they run under `jit`, `vmap`, `grad` and sharding. NTL-WAS-CDF
+(`kind="was_cdf"`) and the Gaussian label (`target_distribution`), which ntloss lacks,
+follow the authors' paper code (tum-ai/number-token-loss).
 
 Conventions (optax style): arrays first, options keyword-only. `logits` is
 `[batch, length, vocab]` (f32, bf16 or f16; computed in f32), `targets` `[batch,

@@ -297,3 +297,18 @@ def test_jit_and_no_recompile_across_batches():
         want = reference(logits, targets, weights, WIDE, sigma=1.0, kind="was_cdf")[0]
         np.testing.assert_allclose(float(f(logits, targets, weights)), want, rtol=RTOL)
     assert f._cache_size() == 1
+
+
+@pytest.mark.parametrize("scale", [1e4, -1e4])
+def test_finite_at_extreme_logits(scale):
+    logits, targets, weights = _inputs(WIDE, seed=22)
+    logits = jnp.where(weights[..., None] > 0, jnp.sign(logits) * scale, logits)  # NaN stays at the ignored one
+
+    def f(x):
+        return cross_entropy_and_ntl(x, targets, WIDE, weights=weights, gce_sigma=0.5, ntl_kind="was_cdf",
+                                     reweigh=True, z_loss=1e-4)[0]
+
+    value, grad = jax.value_and_grad(f)(logits)
+    assert np.isfinite(float(value))
+    assert np.isfinite(np.asarray(grad)).all()
+    assert not np.asarray(grad)[1, 3].any()  # the ignored position
