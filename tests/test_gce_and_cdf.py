@@ -312,3 +312,12 @@ def test_finite_at_extreme_logits(scale):
     assert np.isfinite(float(value))
     assert np.isfinite(np.asarray(grad)).all()
     assert not np.asarray(grad)[1, 3].any()  # the ignored position
+
+
+def test_number_tokens_as_a_traced_argument():
+    # A jitted function may take the table as an argument: the sort then happens on the device.
+    logits, targets, weights = _inputs(WIDE, seed=23)
+    f = jax.jit(lambda x, nt: cross_entropy_and_ntl(x, targets, nt, weights=weights, gce_sigma=1.0,
+                                                    ntl_kind="was_cdf")[1]["ntl"])
+    want = reference(logits, targets, weights, WIDE, sigma=1.0, kind="was_cdf")[2]
+    np.testing.assert_allclose(float(f(logits, WIDE)), want, rtol=RTOL)
