@@ -68,9 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=cli_flags.positive_int, default=3,
                         help="number of seeds, 0..N-1; a seed fixes initialisation and data "
                              "order for every loss (default: %(default)s)")
-    parser.add_argument("--losses", nargs="+", choices=cli_train.LOSSES, default=list(LOSSES),
+    parser.add_argument("--losses", nargs="+", choices=cli_train.CHOICES, default=list(LOSSES),
                         metavar="LOSS",
-                        help=f"losses to compare, of {', '.join(cli_train.LOSSES)}; 'ce' is "
+                        help=f"losses to compare, of {', '.join(cli_train.CHOICES)}; 'ce' is "
                              "the baseline and always runs (default: ce ntl-was)")
     parser.add_argument("--jobs", type=cli_flags.positive_int, default=1,
                         help="runs trained at the same time, in separate processes "
@@ -118,6 +118,9 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
 
     losses = ["ce"] + [loss for loss in dict.fromkeys(args.losses) if loss != "ce"]
     weights = list(dict.fromkeys(args.ntl_weight))
+
+    def weighted(loss):  # the regression head has no NTL weight: one run per seed
+        return trains_ntl(loss) and loss != cli_train.REGRESSION_HEAD
     if args.protocol == "finetune":
         rates = list(dict.fromkeys(args.finetune_learning_rate or [args.learning_rate / 3]))
     else:
@@ -125,7 +128,7 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
 
     def label(loss, weight, rate):
         text = loss
-        if trains_ntl(loss) and len(weights) > 1:
+        if weighted(loss) and len(weights) > 1:
             text += f" λ={weight:g}"
         if len(rates) > 1:
             text += f" lr={rate:g}"
@@ -142,7 +145,7 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
         for rate in rates:
             base = label("ce", 0.0, rate)
             for loss in losses:
-                for weight in (weights if trains_ntl(loss) else [0.0]):
+                for weight in (weights if weighted(loss) else [0.0]):
                     runs.append(RunSpec(label(loss, weight, rate), loss, seed, weight, rate,
                                         args.steps, None if loss == "ce" else base, init_from))
     return pretrain, runs

@@ -21,6 +21,10 @@ DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
 # on the Gaussian-smoothed cross-entropy, "gce" and "gce+ntl-<variant>" (`step.LOSS_KINDS`).
 _NTL = tuple("ntl-" + kind.replace("_", "-") for kind in KINDS)
 LOSSES = ("ce", "gce") + _NTL + tuple("gce+" + loss for loss in _NTL)
+# `--loss` choices: LOSSES (the token-head losses of `step.LOSS_KINDS`) and the baseline
+# without a token head (`ntl_jax.train.regression_head`, encoder-decoder only).
+REGRESSION_HEAD = "regression-head"
+CHOICES = LOSSES + (REGRESSION_HEAD,)
 PRESETS = ("micro", "tiny", "small", "base")
 ARCHITECTURES = ("encoder-decoder", "decoder-only")
 
@@ -85,10 +89,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--loss", choices=LOSSES, default="ntl-was",
+    parser.add_argument("--loss", choices=CHOICES, default="ntl-was",
                         help="ce: cross-entropy only; ntl-*: CE + lambda * NTL; gce, gce+ntl-*: the "
-                             "same with the Gaussian-smoothed cross-entropy (--gce-sigma) "
-                             "(default: %(default)s)")
+                             "same with the Gaussian-smoothed cross-entropy (--gce-sigma); "
+                             "regression-head: the encoder's mean-pooled output -> a linear layer, "
+                             "MSE on log1p of the answer (a baseline) (default: %(default)s)")
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="initialisation, dropout and data order (default: 0)")
     parser.add_argument("--out", required=True,

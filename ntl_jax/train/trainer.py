@@ -18,7 +18,7 @@ import numpy as np
 
 from ntl_jax.number_tokens import NumberTokens
 from ntl_jax.train import data as data_lib
-from ntl_jax.train import network, optim
+from ntl_jax.train import network, optim, regression_head
 from ntl_jax.train import step as step_lib
 from ntl_jax.train.checkpoint import Checkpointer, CheckpointError, DamagedCheckpoint  # noqa: F401 (CheckpointError: re-export)
 from ntl_jax.train.logging_utils import MetricsLog, finite_or_none, write_json
@@ -59,8 +59,12 @@ class TrainConfig:
     eval_batch_size: int = 250
 
     def validate(self) -> None:
-        if self.loss not in step_lib.LOSS_KINDS:
-            raise ValueError(f"loss must be one of {sorted(step_lib.LOSS_KINDS)}, got {self.loss!r}")
+        if self.loss not in step_lib.LOSS_KINDS and self.loss != regression_head.LOSS:
+            raise ValueError(f"loss must be one of {sorted(step_lib.LOSS_KINDS) + [regression_head.LOSS]}, "
+                             f"got {self.loss!r}")
+        if self.loss == regression_head.LOSS and self.architecture != "encoder-decoder":
+            raise ValueError(f"loss {self.loss!r} expected architecture 'encoder-decoder', got "
+                             f"{self.architecture!r}")
         if self.preset not in network.PRESETS:
             raise ValueError(f"preset must be one of {sorted(network.PRESETS)}, got {self.preset!r}")
         for name in ("steps", "log_every", "checkpoint_every", "eval_batch_size"):
@@ -481,8 +485,11 @@ def _train(config, out_dir, data, progress, tensorboard, stop_after):
     vocabulary = data.vocabulary
     model_config = network.make_config(config.preset, int(vocabulary.vocab_size),
                                        dropout_rate=config.dropout_rate)
-    model, optimizer, train_step = build_step(
-        StepSpec.of(config, model_config, number_tokens_of(vocabulary)))
+    if config.loss == regression_head.LOSS:  # the baseline: its own network and step
+        model, optimizer, train_step = regression_head.build(config, model_config, vocabulary)
+    else:
+        model, optimizer, train_step = build_step(
+            StepSpec.of(config, model_config, number_tokens_of(vocabulary)))
 
     state = step_lib.create_train_state(model, optimizer, data.batch(0), config.seed)
     checkpointer = Checkpointer(os.path.join(out_dir, "checkpoints"))
@@ -575,9 +582,9 @@ def _train_loop(config, state, data, train_step, checkpointer, identity, log, ba
             window, t_window = [], now
             log.write(done, {f"train/{k}": v for k, v in last_train.items()}
                       | {"train/examples_per_second": rate})
-            bar.set_postfix(loss=f"{last_train['loss']:.3f}",
-                            ce=f"{last_train['cross_entropy']:.3f}",
-                            ntl=f"{last_train['ntl']:.3f}", ex_s=f"{rate:.0f}")
+            shown = {"loss": "loss", "ce": "cross_entropy", "ntl": "ntl"}  # the regression head has loss only
+            bar.set_postfix(**{name: f"{last_train[key]:.3f}" for name, key in shown.items()
+                               if key in last_train}, ex_s=f"{rate:.0f}")
         bar.update(1)
         if done % config.checkpoint_every == 0 or done == end:
             _save_finite(checkpointer, done, state, identity, out_dir)
@@ -589,8 +596,9 @@ def _train_loop(config, state, data, train_step, checkpointer, identity, log, ba
 def _evaluate_and_log(model, state, data, config, log, step, out_dir, final=False):
     from ntl_jax.train import evaluate
 
-    metrics, preds = evaluate.evaluate(model, state.params, data.eval_sets, data.vocabulary,
-                                       data.target_length, config.eval_batch_size)
+    evaluator = regression_head.evaluate if config.loss == regression_head.LOSS else evaluate.evaluate
+    metrics, preds = evaluator(model, state.params, data.eval_sets, data.vocabulary,
+                               data.target_length, config.eval_batch_size)
     log.write(step, {f"eval/{k}": v for k, v in metrics.items()})
     if final:
         write_json(os.path.join(out_dir, "predictions.json"),

@@ -154,3 +154,72 @@ def test_docstring_examples():
 
     result = doctest.testmod(rh)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_trainer_runs_resumes_and_evaluates_the_head(vocabulary, tmp_path):
+    pytest.importorskip("orbax.checkpoint")
+    import json
+    import os
+
+    from conftest import micro_config
+
+    from ntl_jax.train import trainer
+
+    data = _data(vocabulary)
+    config = micro_config(data, loss=rh.LOSS, steps=6, checkpoint_every=2)
+    whole = trainer.train(config, str(tmp_path / "whole"), data=data, progress=True, tensorboard=False)
+    out = str(tmp_path / "resumed")
+    assert trainer.train(config, out, data=data, progress=False, tensorboard=False, stop_after=4)["step"] == 4
+    resumed = trainer.train(config, out, data=data, progress=False, tensorboard=False)
+    # answers are read on the host from the batch: resuming repeats the run bit for bit
+    for a, b in zip(jax.tree.leaves(whole["state"].params), jax.tree.leaves(resumed["state"].params)):
+        np.testing.assert_array_equal(a, b)
+    assert sorted(whole["state"].params) == ["encoder", "head", "token_embedder"]
+    assert set(whole["train"]) == {"loss", "mse", "grad_norm"} and whole["eval"] == resumed["eval"]
+    preds = json.load(open(os.path.join(out, "predictions.json")))["test_interpolate"]
+    model = rh.RegressionHead(network.make_config("micro", vocabulary.vocab_size))
+    eval_set = data.eval_sets["test_interpolate"]
+    values = rh.predict_values(model, resumed["state"].params, eval_set.inputs)
+    assert [p["prediction"] for p in preds] == [rh.format_prediction(v) for v in values]
+    assert resumed["eval"]["test_interpolate/num_examples"] == 8
+    with pytest.raises(ValueError, match="expected architecture 'encoder-decoder', got 'decoder-only'"):
+        trainer.TrainConfig(loss=rh.LOSS, architecture="decoder-only",
+                            data=data_lib.DataConfig(architecture="decoder-only")).validate()
+    with pytest.raises(ValueError, match="loss must be one of .*'regression-head'"):
+        trainer.TrainConfig(loss="regression").validate()
+
+
+def test_compare_pairs_the_head_with_ce_on_diabetes(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    pytest.importorskip("sentencepiece")
+    pytest.importorskip("orbax.checkpoint")
+    import json
+    import os
+
+    from ntl_jax import cli
+    from ntl_jax.train import cli_compare, cli_train
+
+    argv = ["--module", "diabetes", "--losses", "ce", "ntl-was", rh.LOSS, "--ntl-weight", "0.1", "0.3",
+            "--seeds", "1", "--steps", "2", "--preset", "micro", "--train-examples", "16",
+            "--eval-examples", "500", "--batch-size", "8", "--log-every", "1", "--checkpoint-every", "2",
+            "--no-progress", "--no-tensorboard", "--out", str(tmp_path / "cmp")]
+    args = cli.build_parser(["compare"] + argv).parse_args(["compare"] + argv)
+    train_args = cli.build_parser(["train"]).parse_args(["train", "--loss", rh.LOSS, "--out", "x"])
+    assert train_args.loss == rh.LOSS
+    assert rh.LOSS in cli_train.CHOICES and rh.LOSS not in cli_train.LOSSES  # LOSSES: the step's losses
+    _, runs = cli_compare.plan(args, str(tmp_path))
+    # one head run per seed whatever the NTL weights, paired with that seed's CE run
+    assert [(r.label, r.ntl_weight, r.baseline) for r in runs] == [
+        ("ce", 0.0, None), ("ntl-was λ=0.1", 0.1, "ce"), ("ntl-was λ=0.3", 0.3, "ce"), (rh.LOSS, 0.0, "ce")]
+    assert cli.main(["compare"] + argv) == 0
+    result = json.load(open(str(tmp_path / "cmp" / "compare.json")))
+    by_loss = {r["loss"]: r for r in result["runs"]}
+    head = by_loss[rh.LOSS]["metrics"]
+    assert head["test_interpolate/num_examples"] == 88 and head["test_interpolate/parsed"] == 1.0
+    assert head["test_interpolate/rmse"] > 0
+    paired = result["paired"][rh.LOSS]["test_interpolate/rmse"]
+    assert paired["baseline"] == "ce" and paired["n"] == 1 and paired["higher_is_better"] is False
+    assert paired["mean_diff"] == pytest.approx(head["test_interpolate/rmse"]
+                                                - by_loss["ce"]["metrics"]["test_interpolate/rmse"])
+    assert os.path.exists(str(tmp_path / "cmp" / "compare.png"))
+    assert rh.LOSS in capsys.readouterr().out
