@@ -147,10 +147,16 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     """`(d h, d kernel)` of one vocabulary shard's columns (all of them when `axis` is
     None): `d h` is this shard's share (summed over the shards by the caller); each
     chunk of `d kernel` is summed over the token shards (`batch_axes`) in float32
-    before it is rounded to the kernel's dtype, as one device sums over all tokens."""
+    before it is rounded to the kernel's dtype, as one device sums over all tokens.
+
+    The chunks leave the number tokens' columns at zero; their gradient is one
+    `[tokens, n]` block, done once after the loop (a per-chunk `[n, chunk]` one-hot
+    would cost `tokens x n x vocab` multiply-adds, more than the head itself at
+    n ~ 1,000 number tokens)."""
     g_rest, g_target, g_sum, g_numbers = cotangents
     width = kernel.shape[1]
-    offset, _, _, is_number = _shard_numbers(ids, width, axis)
+    grad_dtype = jnp.result_type(h, kernel)
+    offset, local_ids, owned_ids, is_number = _shard_numbers(ids, width, axis)
     # A -inf rest_lse (no token outside the numbers) has zero probability everywhere.
     shift = jnp.where(jnp.isfinite(rest_lse), rest_lse, 0.0)[:, None]
 
@@ -158,14 +164,13 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
         """`(d hidden, d kernel_chunk)` of this chunk's logits' share of the statistics."""
         logits = _dot(h, kernel_chunk, ((1,), (0,)))
         columns = offset + start + jnp.arange(chunk)
-        d_logits = jnp.where(is_number_chunk[None, :], 0.0, g_rest[:, None] * jnp.exp(logits - shift))
+        d_logits = g_rest[:, None] * jnp.exp(logits - shift)
         d_logits += jnp.where(columns[None, :] == targets[:, None], g_target[:, None], 0.0)
         if with_sum:
             d_logits += g_sum[:, None]
-        # The number tokens inside this chunk: a [n, chunk] one-hot (zero rows outside).
-        d_logits += _dot(g_numbers, jax.nn.one_hot(ids - offset - start, chunk, dtype=jnp.float32), ((1,), (0,)))
+        d_logits = jnp.where(is_number_chunk[None, :], 0.0, d_logits)
         # As the unfused path does: the logits' gradient in the logits' dtype.
-        d_logits = d_logits.astype(jnp.result_type(h, kernel))
+        d_logits = d_logits.astype(grad_dtype)
         # Columns an earlier chunk covered add to `d hidden` once; their `d kernel` is
         # the same again and is simply written over.
         d_h = _dot(jnp.where(fresh[None, :], d_logits, jnp.zeros((), d_logits.dtype)), kernel_chunk, ((1,), (1,)))
@@ -183,7 +188,21 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
         return d_h + d_h_chunk, jax.lax.dynamic_update_slice_in_dim(d_kernel, d_kernel_chunk, start, axis=1)
 
     carry = (jnp.zeros(h.shape, jnp.float32), jnp.zeros_like(kernel))
-    return jax.lax.fori_loop(0, -(-width // chunk), body, carry)
+    d_h, d_kernel = jax.lax.fori_loop(0, -(-width // chunk), body, carry)
+
+    # The number tokens' columns this shard owns: every statistic's share at once.
+    d_numbers = g_numbers + jnp.where(targets[:, None] == ids[None, :], g_target[:, None], 0.0)
+    if with_sum:
+        d_numbers += g_sum[:, None]
+    d_numbers = jnp.where(owned_ids[None, :], d_numbers, 0.0).astype(grad_dtype)
+    number_columns = jnp.take(kernel, jnp.minimum(local_ids, width - 1), axis=1)
+    d_h += _dot(d_numbers, number_columns, ((1,), (1,)))
+    d_number_columns = _dot(h, d_numbers, ((0,), (0,)))
+    if batch_axes:
+        d_number_columns = jax.lax.psum(d_number_columns, batch_axes)
+    # Ids of other shards map one past this shard's end and are dropped.
+    d_kernel = d_kernel.at[:, local_ids].set(d_number_columns.astype(kernel.dtype), mode="drop")
+    return d_h, d_kernel
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
