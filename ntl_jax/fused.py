@@ -149,21 +149,37 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     chunk of `d kernel` is summed over the token shards (`batch_axes`) in float32
     before it is rounded to the kernel's dtype, as one device sums over all tokens.
 
-    The chunks leave the number tokens' columns at zero; their gradient is one
-    `[tokens, n]` block, done once after the loop (a per-chunk `[n, chunk]` one-hot
-    would cost `tokens x n x vocab` multiply-adds, more than the head itself at
-    n ~ 1,000 number tokens)."""
+    The number tokens' columns get their gradient as one `[tokens, n]` block before the
+    loop (a per-chunk `[n, chunk]` one-hot would cost `tokens x n x vocab`
+    multiply-adds, more than the head itself at n ~ 1,000 number tokens); each chunk
+    selects its number columns' `d kernel` from it (a scatter after the loop would widen
+    a bf16 kernel's whole gradient to float32 on XLA's CPU backend)."""
     g_rest, g_target, g_sum, g_numbers = cotangents
     width = kernel.shape[1]
     grad_dtype = jnp.result_type(h, kernel)
-    offset, local_ids, owned_ids, is_number = _shard_numbers(ids, width, axis)
+    offset, local_ids, owned_ids, _ = _shard_numbers(ids, width, axis)
     # A -inf rest_lse (no token outside the numbers) has zero probability everywhere.
     shift = jnp.where(jnp.isfinite(rest_lse), rest_lse, 0.0)[:, None]
 
-    def chunk_grads(start, fresh, kernel_chunk, is_number_chunk):
+    # The number tokens' columns this shard owns: every statistic's share at once.
+    d_numbers = g_numbers + jnp.where(targets[:, None] == ids[None, :], g_target[:, None], 0.0)
+    if with_sum:
+        d_numbers += g_sum[:, None]
+    d_numbers = jnp.where(owned_ids[None, :], d_numbers, 0.0).astype(grad_dtype)
+    number_columns = jnp.take(kernel, jnp.minimum(local_ids, width - 1), axis=1)
+    d_h_numbers = _dot(d_numbers, number_columns, ((1,), (1,)))
+    d_number_columns = _dot(h, d_numbers, ((0,), (0,)))
+    if batch_axes:
+        d_number_columns = jax.lax.psum(d_number_columns, batch_axes)
+    d_number_columns = d_number_columns.astype(kernel.dtype)
+    # Column -> its index among the number tokens (-1: no number; other shards' ids drop).
+    number_index = jnp.full(width, -1, jnp.int32).at[local_ids].set(jnp.arange(ids.shape[0]), mode="drop")
+
+    def chunk_grads(start, fresh, kernel_chunk, index_chunk):
         """`(d hidden, d kernel_chunk)` of this chunk's logits' share of the statistics."""
         logits = _dot(h, kernel_chunk, ((1,), (0,)))
         columns = offset + start + jnp.arange(chunk)
+        is_number_chunk = index_chunk >= 0
         d_logits = g_rest[:, None] * jnp.exp(logits - shift)
         d_logits += jnp.where(columns[None, :] == targets[:, None], g_target[:, None], 0.0)
         if with_sum:
@@ -177,32 +193,19 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
         d_kernel = _dot(h, d_logits, ((0,), (0,)))
         if batch_axes:
             d_kernel = jax.lax.psum(d_kernel, batch_axes)
-        return d_h, d_kernel.astype(kernel.dtype)
+        numbers = jnp.take(d_number_columns, jnp.maximum(index_chunk, 0), axis=1)
+        return d_h, jnp.where(is_number_chunk[None, :], numbers, d_kernel.astype(kernel.dtype))
 
     def body(i, carry):
         d_h, d_kernel = carry
         start, fresh = _chunk_start(i, width, chunk)
         kernel_chunk = _kernel_chunk(kernel, start, chunk)
-        is_number_chunk = jax.lax.dynamic_slice_in_dim(is_number, start, chunk)
-        d_h_chunk, d_kernel_chunk = chunk_grads(start, fresh, kernel_chunk, is_number_chunk)
+        index_chunk = jax.lax.dynamic_slice_in_dim(number_index, start, chunk)
+        d_h_chunk, d_kernel_chunk = chunk_grads(start, fresh, kernel_chunk, index_chunk)
         return d_h + d_h_chunk, jax.lax.dynamic_update_slice_in_dim(d_kernel, d_kernel_chunk, start, axis=1)
 
-    carry = (jnp.zeros(h.shape, jnp.float32), jnp.zeros_like(kernel))
-    d_h, d_kernel = jax.lax.fori_loop(0, -(-width // chunk), body, carry)
-
-    # The number tokens' columns this shard owns: every statistic's share at once.
-    d_numbers = g_numbers + jnp.where(targets[:, None] == ids[None, :], g_target[:, None], 0.0)
-    if with_sum:
-        d_numbers += g_sum[:, None]
-    d_numbers = jnp.where(owned_ids[None, :], d_numbers, 0.0).astype(grad_dtype)
-    number_columns = jnp.take(kernel, jnp.minimum(local_ids, width - 1), axis=1)
-    d_h += _dot(d_numbers, number_columns, ((1,), (1,)))
-    d_number_columns = _dot(h, d_numbers, ((0,), (0,)))
-    if batch_axes:
-        d_number_columns = jax.lax.psum(d_number_columns, batch_axes)
-    # Ids of other shards map one past this shard's end and are dropped.
-    d_kernel = d_kernel.at[:, local_ids].set(d_number_columns.astype(kernel.dtype), mode="drop")
-    return d_h, d_kernel
+    carry = (d_h_numbers, jnp.zeros_like(kernel))
+    return jax.lax.fori_loop(0, -(-width // chunk), body, carry)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
