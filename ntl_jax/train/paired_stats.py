@@ -37,7 +37,7 @@ TIE_ATOL = 1e-12
 # Metric names (the part after the last "/") are matched by suffix, longest first, so
 # "log_mae" is "lower" and "log_r2" is "higher". Names matching neither list get
 # `higher_is_better = None`; their better/worse counts then mean above/below zero.
-HIGHER_IS_BETTER = ("accuracy", "exact_match", "log_r2", "r2", "pearson", "spearman")
+HIGHER_IS_BETTER = ("accuracy", "exact_match", "log_r2", "r2", "pearson", "pearson_r", "spearman", "parsed")
 LOWER_IS_BETTER = ("median_absolute_error", "fraction_unparseable", "relative_error",
                    "log_mae", "mae", "mse", "mape")
 

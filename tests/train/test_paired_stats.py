@@ -337,6 +337,7 @@ def test_better_worse_follow_metric_direction():
     ("x/mae", False), ("x/mse", False), ("test_extrapolate/log_mae", False),
     ("x/median_absolute_error", False), ("x/mape", False), ("x/fraction_unparseable", False),
     ("x/relative_error", False), ("x/num_examples", None), ("loss", None),
+    ("test_interpolate/pearson_r", True), ("test_interpolate/parsed", True), ("test_interpolate/rmse", False),
 ])
 def test_higher_is_better_names(name, expected):
     assert ps.higher_is_better(name) is expected
