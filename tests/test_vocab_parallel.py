@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from tests.objective_options import OPTIONS
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # float32: the sharded path sums the vocabulary's exponentials per shard, then across
 # shards, and the kernel's gradient per token shard, then across them: a few hundred
@@ -37,7 +39,7 @@ def results():
 def test_every_variant_over_2_4_and_8_vocabulary_shards(results):
     rows = results["variant"]
     assert {row["shards"] for row in rows} == {2, 4, 8}
-    assert len(rows) == 11 + 11 + 3
+    assert len(rows) == 2 * len(OPTIONS) + 3  # every option set over 2 and 4 shards, three over 8
     for row in rows:
         assert row["error"] <= RTOL, row
 
