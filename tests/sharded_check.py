@@ -19,7 +19,7 @@ import ntl_jax  # noqa: E402
 
 PIECES = ["<pad>", "</s>", "."] + list("0123456789") + [f"w{i}" for i in range(19)]  # 32 tokens
 NT = ntl_jax.NumberTokens.from_pieces(PIECES)
-KINDS = ["was", "mse", "mae", "huber", "number_level", "number_level_float"]
+KINDS = list(ntl_jax.losses.KINDS)
 
 
 def objective(logits, targets, weights, kind, reweigh):
