@@ -153,14 +153,20 @@ def score(predictions: list[str], targets: list[str]) -> dict[str, float]:
 
 def evaluate(model, params, eval_sets: dict[str, EvalSet], vocabulary, max_length: int,
              batch_size: int = 256) -> tuple[dict[str, float], dict[str, list[str]]]:
-    """`{"<split>/<metric>": value}` over all eval sets, and the predictions per split.
+    """`{"<split>/<metric>": value}` over all eval sets, and the predictions per split
+    (see `score_predictions`)."""
+    return score_predictions(
+        eval_sets, lambda eval_set: predict(model, params, eval_set, vocabulary, max_length, batch_size))
 
-    The metrics are `score`'s, plus those of the eval set's `metrics_fn` if it has one.
-    """
+
+def score_predictions(eval_sets: dict[str, EvalSet], predict_answers) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """`{"<split>/<metric>": value}` and the predictions per split, the predictions being
+    `predict_answers(eval_set)` (answer texts). The metrics are `score`'s, plus those of
+    the eval set's `metrics_fn` if it has one."""
     results: dict[str, float] = {}
     all_preds: dict[str, list[str]] = {}
     for split, eval_set in eval_sets.items():
-        preds = predict(model, params, eval_set, vocabulary, max_length, batch_size)
+        preds = predict_answers(eval_set)
         all_preds[split] = preds
         values = score(preds, eval_set.answers)
         if getattr(eval_set, "metrics_fn", None) is not None:

@@ -195,17 +195,9 @@ def evaluate(model: RegressionHead, params, eval_sets: dict[str, EvalSet], vocab
 
     `vocabulary` and `max_length` (decoding arguments) are unused.
     """
-    from ntl_jax.train.evaluate import score
+    from ntl_jax.train.evaluate import score_predictions
 
     del vocabulary, max_length
-    results: dict[str, float] = {}
-    all_preds: dict[str, list[str]] = {}
-    for split, eval_set in eval_sets.items():
-        preds = [format_prediction(v) for v in predict_values(model, params, eval_set.inputs, batch_size)]
-        all_preds[split] = preds
-        values = score(preds, eval_set.answers)
-        if getattr(eval_set, "metrics_fn", None) is not None:
-            values |= eval_set.metrics_fn(eval_set.questions, eval_set.answers, preds)
-        for name, value in values.items():
-            results[f"{split}/{name}"] = float(value)
-    return results, all_preds
+    return score_predictions(
+        eval_sets,
+        lambda eval_set: [format_prediction(v) for v in predict_values(model, params, eval_set.inputs, batch_size)])
