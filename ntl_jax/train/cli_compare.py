@@ -37,7 +37,7 @@ import numpy as np
 from ntl_jax import cli_flags
 from ntl_jax.train import cli_train
 
-TASKS = ("arithmetic", "multiplication")
+TASKS = ("arithmetic", "multiplication", "diabetes")
 PROTOCOLS = ("scratch", "finetune")
 LOSSES = ("ce", "ntl-was")
 # Metrics shown in tables and figures, per task.
@@ -48,6 +48,9 @@ TABLE_METRICS = {
     "multiplication": ("test_interpolate/number_accuracy", "test_interpolate/mape",
                        "test_interpolate/log_mae", "test_extrapolate/number_accuracy",
                        "test_extrapolate/mape", "test_extrapolate/log_mae"),
+    # A regression task: the error and correlation of the predicted scores.
+    "diabetes": ("test_interpolate/rmse", "test_interpolate/pearson_r",
+                 "test_interpolate/log_mae", "test_interpolate/parsed"),
 }
 # The default budget (3 seeds x 2 losses x 1,000 steps) is sized to finish in under 10
 # minutes on 2 CPU cores; the README's result files name their larger budgets explicitly.
@@ -60,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=TASKS, default="arithmetic",
                         help="arithmetic: a DeepMind module (--module) with the encoder-decoder; "
                              "multiplication: k-digit x l-digit products with a decoder-only "
-                             "model (default: %(default)s)")
+                             "model; diabetes: scikit-learn's diabetes regression data with the "
+                             "encoder-decoder (default: %(default)s)")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="scratch",
                         help="scratch: each loss trains from random initialisation; finetune: "
                              "CE pretraining per seed, then each loss fine-tunes from the same "
@@ -114,13 +118,13 @@ def run_dir(out: str, spec: RunSpec) -> str:
 
 def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpec]]:
     """(pretraining runs, compared runs) of the comparison, in the order they train."""
-    from ntl_jax.train.step import trains_ntl
+    from ntl_jax.train.systems import trains_ntl
 
     losses = ["ce"] + [loss for loss in dict.fromkeys(args.losses) if loss != "ce"]
     weights = list(dict.fromkeys(args.ntl_weight))
 
-    def weighted(loss):  # the regression head has no NTL weight: one run per seed
-        return trains_ntl(loss) and loss != cli_train.REGRESSION_HEAD
+    def weighted(loss):  # a system without NTL has no weight: one run per seed
+        return trains_ntl(loss)
     if args.protocol == "finetune":
         rates = list(dict.fromkeys(args.finetune_learning_rate or [args.learning_rate / 3]))
     else:
@@ -163,18 +167,21 @@ _DATA: dict = {}
 
 def _train_one(args: argparse.Namespace, spec: RunSpec, out: str, progress: bool) -> dict:
     from ntl_jax.train import data as data_lib
+    from ntl_jax.train import systems
     from ntl_jax.train.trainer import finished_run, train
 
     config = _config(args, spec)
     finished = finished_run(config, run_dir(out, spec))
     if finished is not None:
         return finished | {"reused": True}
-    if config.data not in _DATA:
-        _DATA.clear()  # one seed's data at a time is enough: runs are ordered by seed
-        print(f"seed {spec.seed}: generating {config.data.train_examples} training problems "
-              f"of {config.data.module} ...", flush=True)
-        _DATA[config.data] = data_lib.ProblemData(config.data)
-    result = train(config, run_dir(out, spec), data=_DATA[config.data], progress=progress,
+    key = (config.data, systems.vocabulary_name(spec.loss))  # RT tokenizes its own way
+    if key not in _DATA:
+        if not any(k[0] == config.data for k in _DATA):
+            _DATA.clear()  # one seed's data at a time is enough: runs are ordered by seed
+            print(f"seed {spec.seed}: generating {config.data.train_examples} training problems "
+                  f"of {config.data.module} ...", flush=True)
+        _DATA[key] = data_lib.ProblemData(config.data, vocabulary=systems.vocabulary(spec.loss))
+    result = train(config, run_dir(out, spec), data=_DATA[key], progress=progress,
                    tensorboard=not args.no_tensorboard)
     result.pop("state", None)
     return result
@@ -374,8 +381,8 @@ def run(args: argparse.Namespace) -> int:
     from ntl_jax.train.trainer import Diverged, Interrupted, check_output_dir, write_json
 
     t0 = time.perf_counter()
-    if args.task == "multiplication":
-        args.module = "multiplication"
+    if args.task in ("multiplication", "diabetes"):
+        args.module = args.task
     try:
         cli_train.check_module(args.module)
         cli_train.check_gce_sigma(args, args.losses)

@@ -9,6 +9,7 @@ import sys
 
 from ntl_jax.cli_flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
 from ntl_jax.losses import KINDS
+from ntl_jax.train import systems
 
 # Defaults shared with `ntl-jax compare` (its defaults are this run at three losses).
 # arithmetic__add_or_sub rather than the paper's add_sub_multiple ablation module: at
@@ -21,10 +22,9 @@ DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
 # on the Gaussian-smoothed cross-entropy, "gce" and "gce+ntl-<variant>" (`step.LOSS_KINDS`).
 _NTL = tuple("ntl-" + kind.replace("_", "-") for kind in KINDS)
 LOSSES = ("ce", "gce") + _NTL + tuple("gce+" + loss for loss in _NTL)
-# `--loss` choices: LOSSES (the token-head losses of `step.LOSS_KINDS`) and the baseline
-# without a token head (`ntl_jax.train.regression_head`, encoder-decoder only).
-REGRESSION_HEAD = "regression-head"
-CHOICES = LOSSES + (REGRESSION_HEAD,)
+# `--loss` choices: LOSSES (the token-head losses of `step.LOSS_KINDS`) and the paper's
+# baselines (`ntl_jax.train.systems`).
+CHOICES = LOSSES + systems.BASELINES
 PRESETS = ("micro", "tiny", "small", "base")
 ARCHITECTURES = ("encoder-decoder", "decoder-only")
 

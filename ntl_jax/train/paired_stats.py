@@ -39,7 +39,7 @@ TIE_ATOL = 1e-12
 # `higher_is_better = None`; their better/worse counts then mean above/below zero.
 HIGHER_IS_BETTER = ("accuracy", "exact_match", "log_r2", "r2", "pearson", "pearson_r", "spearman", "parsed")
 LOWER_IS_BETTER = ("median_absolute_error", "fraction_unparseable", "relative_error",
-                   "log_mae", "mae", "mse", "mape")
+                   "log_mae", "mae", "mse", "rmse", "mape")
 
 
 def _finite_array(diffs: Iterable[float]) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ntl_jax.number_tokens import NumberTokens
 from ntl_jax.train import data as data_lib
-from ntl_jax.train import network, optim, regression_head
+from ntl_jax.train import network, optim, systems
 from ntl_jax.train import step as step_lib
 from ntl_jax.train.checkpoint import Checkpointer, CheckpointError, DamagedCheckpoint  # noqa: F401 (CheckpointError: re-export)
 from ntl_jax.train.logging_utils import MetricsLog, finite_or_none, write_json
@@ -59,12 +59,7 @@ class TrainConfig:
     eval_batch_size: int = 250
 
     def validate(self) -> None:
-        if self.loss not in step_lib.LOSS_KINDS and self.loss != regression_head.LOSS:
-            raise ValueError(f"loss must be one of {sorted(step_lib.LOSS_KINDS) + [regression_head.LOSS]}, "
-                             f"got {self.loss!r}")
-        if self.loss == regression_head.LOSS and self.architecture != "encoder-decoder":
-            raise ValueError(f"loss {self.loss!r} expected architecture 'encoder-decoder', got "
-                             f"{self.architecture!r}")
+        systems.check(self.loss, self.architecture)
         if self.preset not in network.PRESETS:
             raise ValueError(f"preset must be one of {sorted(network.PRESETS)}, got {self.preset!r}")
         for name in ("steps", "log_every", "checkpoint_every", "eval_batch_size"):
@@ -179,8 +174,10 @@ def check_output_dir(out_dir: str) -> str:
 
 
 def number_tokens_of(vocabulary) -> NumberTokens:
-    """`NumberTokens` of `vocabulary` (the network's rounded-up ids beyond it are no numbers)."""
-    return NumberTokens.from_vocabulary(vocabulary)
+    """`NumberTokens` of `vocabulary` (the network's rounded-up ids beyond it are no
+    numbers); a vocabulary whose pieces are not plain numbers (RT's) gives its own."""
+    own = getattr(vocabulary, "number_tokens", None)
+    return own() if own is not None else NumberTokens.from_vocabulary(vocabulary)
 
 
 def number_tokens_digest(number_tokens: NumberTokens) -> str:
@@ -227,7 +224,8 @@ class StepSpec:
                    optimizer=config.optimizer, learning_rate=config.learning_rate,
                    total_steps=config.steps, warmup_steps=config.warmup_steps,
                    schedule=config.schedule, weight_decay=config.weight_decay,
-                   clip_norm=config.clip_norm, loss=config.loss, ntl_weight=config.ntl_weight,
+                   clip_norm=config.clip_norm, loss=systems.token_loss(config.loss),
+                   ntl_weight=config.ntl_weight,
                    z_loss=config.z_loss, fused_loss=config.fused_loss,
                    gce_sigma=config.gce_sigma if step_lib.uses_gce(config.loss) else 0.0,
                    number_tokens=number_tokens)
@@ -478,15 +476,20 @@ def _train(config, out_dir, data, progress, tensorboard, stop_after):
     if data is None:
         _say(f"generating {config.data.train_examples} training problems of "
              f"{config.data.module} (seed {config.data.seed}) ...")
-        data = data_lib.ProblemData(config.data)
+        data = data_lib.ProblemData(config.data, vocabulary=systems.vocabulary(config.loss))
     elif data.config != config.data:
         raise ValueError(f"data was built from {data.config}, the run wants {config.data}")
+    elif systems.vocabulary_name_of(data.vocabulary) != systems.vocabulary_name(config.loss):
+        raise ValueError(f"loss {config.loss!r} expected data tokenized with the "
+                         f"{systems.vocabulary_name(config.loss)} vocabulary, got the "
+                         f"{systems.vocabulary_name_of(data.vocabulary)} one")
 
     vocabulary = data.vocabulary
     model_config = network.make_config(config.preset, int(vocabulary.vocab_size),
                                        dropout_rate=config.dropout_rate)
-    if config.loss == regression_head.LOSS:  # the baseline: its own network and step
-        model, optimizer, train_step = regression_head.build(config, model_config, vocabulary)
+    own = systems.build(config.loss, config, model_config, vocabulary)
+    if own is not None:  # a baseline with its own network and step
+        model, optimizer, train_step = own
     else:
         model, optimizer, train_step = build_step(
             StepSpec.of(config, model_config, number_tokens_of(vocabulary)))
@@ -594,11 +597,9 @@ def _train_loop(config, state, data, train_step, checkpointer, identity, log, ba
 
 
 def _evaluate_and_log(model, state, data, config, log, step, out_dir, final=False):
-    from ntl_jax.train import evaluate
-
-    evaluator = regression_head.evaluate if config.loss == regression_head.LOSS else evaluate.evaluate
-    metrics, preds = evaluator(model, state.params, data.eval_sets, data.vocabulary,
-                               data.target_length, config.eval_batch_size)
+    evaluate = systems.evaluator(config.loss)
+    metrics, preds = evaluate(model, state.params, data.eval_sets, data.vocabulary,
+                              data.target_length, config.eval_batch_size)
     log.write(step, {f"eval/{k}": v for k, v in metrics.items()})
     if final:
         write_json(os.path.join(out_dir, "predictions.json"),

@@ -1,0 +1,109 @@
+"""The systems `ntl-jax train` and `compare` train, and what each is built from.
+
+Most are token-head losses (`step.LOSS_KINDS`: "ce", "ntl-<variant>", "gce",
+"gce+ntl-<variant>"): the trainer's network, the shipped digit-level vocabulary and
+greedy decoding. The paper's baselines differ in one place each:
+
+* "regression-head" (`regression_head`): its own network (encoder -> one number) and
+  step; encoder-decoder only.
+* "rt", "rt+ntl-mse" (`regression_transformer`): the Regression Transformer's number
+  tokens, a vocabulary of their own; trained as the token losses "ce" and "ntl-mse".
+* "xval" (`xval`): numbers as one `[NUM]` token scaled by the value, with a number
+  head; its own network and step; encoder-decoder only.
+
+Every system sees the same batches for a seed (the baselines re-encode them), so
+`compare` pairs each with the CE run of its seed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+REGRESSION_HEAD = "regression-head"
+RT = "rt"
+RT_NTL = "rt+ntl-mse"
+XVAL = "xval"
+# The token-head loss each RT system trains with (on its own vocabulary).
+RT_TOKEN_LOSSES = {RT: "ce", RT_NTL: "ntl-mse"}
+BASELINES = (REGRESSION_HEAD, RT, RT_NTL, XVAL)
+# Systems with a network of their own that is built on the encoder only or on the
+# encoder-decoder: they need encoder-decoder batches.
+ENCODER_DECODER_ONLY = (REGRESSION_HEAD, XVAL)
+
+
+def token_loss(system: str) -> str | None:
+    """The `step.LOSS_KINDS` key a token-head system trains with (RT's underlying
+    loss), or None for a system with its own step (regression head, xVal)."""
+    if system in (REGRESSION_HEAD, XVAL):
+        return None
+    return RT_TOKEN_LOSSES.get(system, system)
+
+
+def trains_ntl(system: str) -> bool:
+    """Whether `system` trains on NTL (and so takes `--ntl-weight`)."""
+    from ntl_jax.train.step import trains_ntl as token_trains_ntl
+
+    loss = token_loss(system)
+    return loss is not None and token_trains_ntl(loss)
+
+
+def check(system: str, architecture: str) -> None:
+    """Raises ValueError if `system` is unknown or cannot train `architecture`."""
+    from ntl_jax.train.step import LOSS_KINDS
+
+    if system not in LOSS_KINDS and system not in BASELINES:
+        raise ValueError(f"loss must be one of {sorted(LOSS_KINDS) + list(BASELINES)}, got {system!r}")
+    if system in ENCODER_DECODER_ONLY and architecture != "encoder-decoder":
+        raise ValueError(f"loss {system!r} expected architecture 'encoder-decoder', got "
+                         f"{architecture!r}")
+
+
+def vocabulary_name(system: str) -> str:
+    """"rt" for the RT systems, else "default": runs whose batches can be shared."""
+    return "rt" if system in RT_TOKEN_LOSSES else "default"
+
+
+def vocabulary_name_of(vocabulary: Any) -> str:
+    """"rt" for an RT vocabulary (its `system_vocabulary` attribute), else "default"."""
+    return getattr(vocabulary, "system_vocabulary", "default")
+
+
+def vocabulary(system: str) -> Any:
+    """The vocabulary `system`'s batches are tokenized with."""
+    from ntl_jax.train import data as data_lib
+
+    if vocabulary_name(system) == "rt":
+        from ntl_jax.train import regression_transformer
+
+        return regression_transformer.vocabulary()
+    return data_lib.default_vocabulary()
+
+
+def build(system: str, config, model_config, vocabulary) -> tuple | None:
+    """`(model, optimizer, train_step)` of a system with its own network and step, or
+    None for the token-head systems (built by `trainer.build_step`)."""
+    if system == REGRESSION_HEAD:
+        from ntl_jax.train import regression_head
+
+        return regression_head.build(config, model_config, vocabulary)
+    if system == XVAL:
+        from ntl_jax.train import xval
+
+        return xval.build(config, model_config, vocabulary)
+    return None
+
+
+def evaluator(system: str) -> Callable:
+    """`fn(model, params, eval_sets, vocabulary, max_length, batch_size) -> (metrics,
+    predictions)` for `system`."""
+    if system == REGRESSION_HEAD:
+        from ntl_jax.train import regression_head
+
+        return regression_head.evaluate
+    if system == XVAL:
+        from ntl_jax.train import xval
+
+        return xval.evaluate
+    from ntl_jax.train import evaluate
+
+    return evaluate.evaluate
