@@ -7,6 +7,7 @@ import math
 import os
 import sys
 
+from ntl_jax import cli_flags
 from ntl_jax.cli_flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
 from ntl_jax.losses import KINDS
 from ntl_jax.train import systems
@@ -68,6 +69,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                    nargs="+" if sweep else None, metavar="LAMBDA",
                    help="lambda in CE + lambda * NTL" + (", several to sweep it" if sweep else "")
                         + " (default: %(default)s)")
+    g.add_argument("--dropout-rate", default=0.0, metavar="RATE",
+                   type=cli_flags.checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+                   help="dropout in the network (T5's fine-tuning uses 0.1; useful on small data "
+                        "such as --module diabetes) (default: %(default)s)")
     g.add_argument("--gce-sigma", type=positive_float, default=None, metavar="SIGMA",
                    help="width of the Gaussian label of the gce losses (gce, gce+ntl-*): at a number "
                         "target y, q_j ~ exp(-(v_j - y)^2 / (2 SIGMA^2)) over the number tokens "
@@ -117,6 +122,7 @@ def make_config(args: argparse.Namespace, loss: str, seed: int, **overrides):
     fields = dict(loss=loss, preset=args.preset, architecture=arch, steps=args.steps,
                   seed=seed, optimizer=args.optimizer, learning_rate=args.learning_rate,
                   warmup_steps=args.warmup_steps, ntl_weight=args.ntl_weight,
+                  dropout_rate=getattr(args, "dropout_rate", 0.0),
                   fused_loss=args.fused_loss, data=data,
                   log_every=args.log_every, checkpoint_every=args.checkpoint_every,
                   eval_every=args.eval_every)

@@ -95,6 +95,8 @@ def test_metric_table_says_n_a_for_undefined_metrics():
     (["--learning-rate", "nan"], "expected a finite number > 0, got nan"),
     (["--preset", "huge"], "invalid choice: 'huge'"),
     (["--ntl-weight", "inf"], "expected a finite number >= 0, got inf"),
+    (["--dropout-rate", "1"], "expected a number in [0, 1), got 1.0"),
+    (["--dropout-rate", "-0.1"], "expected a number in [0, 1), got -0.1"),
 ])
 def test_train_rejects_bad_flags(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as e:

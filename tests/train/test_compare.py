@@ -32,7 +32,7 @@ def test_help_shows_seeds_protocols_and_tasks(capsys):
     with pytest.raises(SystemExit):
         cli.main(["compare", "--help"])
     text = capsys.readouterr().out
-    for flag in ("--seeds", "--protocol {scratch,finetune}", "--task {arithmetic,multiplication}",
+    for flag in ("--seeds", "--protocol {scratch,finetune}", "--task {arithmetic,multiplication,diabetes}",
                  "--jobs", "--finetune-learning-rate", "--ntl-weight LAMBDA [LAMBDA ...]"):
         assert flag in text
     with pytest.raises(SystemExit):

@@ -199,7 +199,8 @@ def test_compare_pairs_the_head_with_ce_on_diabetes(tmp_path, capsys):
     from ntl_jax import cli
     from ntl_jax.train import cli_compare, cli_train
 
-    argv = ["--module", "diabetes", "--losses", "ce", "ntl-was", rh.LOSS, "--ntl-weight", "0.1", "0.3",
+    argv = ["--task", "diabetes", "--losses", "ce", "ntl-was", rh.LOSS, "--ntl-weight", "0.1", "0.3",
+            "--dropout-rate", "0.1",
             "--seeds", "1", "--steps", "2", "--preset", "micro", "--train-examples", "16",
             "--eval-examples", "500", "--batch-size", "8", "--log-every", "1", "--checkpoint-every", "2",
             "--no-progress", "--no-tensorboard", "--out", str(tmp_path / "cmp")]
@@ -208,11 +209,15 @@ def test_compare_pairs_the_head_with_ce_on_diabetes(tmp_path, capsys):
     assert train_args.loss == rh.LOSS
     assert rh.LOSS in cli_train.CHOICES and rh.LOSS not in cli_train.LOSSES  # LOSSES: the step's losses
     _, runs = cli_compare.plan(args, str(tmp_path))
+    assert cli_compare._config(args, runs[-1]).dropout_rate == 0.1
     # one head run per seed whatever the NTL weights, paired with that seed's CE run
     assert [(r.label, r.ntl_weight, r.baseline) for r in runs] == [
         ("ce", 0.0, None), ("ntl-was λ=0.1", 0.1, "ce"), ("ntl-was λ=0.3", 0.3, "ce"), (rh.LOSS, 0.0, "ce")]
     assert cli.main(["compare"] + argv) == 0
     result = json.load(open(str(tmp_path / "cmp" / "compare.json")))
+    assert result["settings"]["module"] == "diabetes"
+    assert result["table_metrics"] == list(cli_compare.TABLE_METRICS["diabetes"])
+    assert result["table_metrics"][:2] == ["test_interpolate/rmse", "test_interpolate/pearson_r"]
     by_loss = {r["loss"]: r for r in result["runs"]}
     head = by_loss[rh.LOSS]["metrics"]
     assert head["test_interpolate/num_examples"] == 88 and head["test_interpolate/parsed"] == 1.0
