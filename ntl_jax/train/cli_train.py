@@ -101,7 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "MSE on log1p of the answer (a baseline); "
                              "rt, rt+ntl-mse: the Regression Transformer's number tokens (each digit "
                              "one token with its decimal place, _d_p_) trained with CE, and with CE + "
-                             "lambda * NTL-MSE on the digits (baselines) (default: %(default)s)")
+                             "lambda * NTL-MSE on the digits (baselines); "
+                             "xval: each number one [NUM] token whose embedding is scaled by the "
+                             "log-scaled value, a number head predicting it, (CE + MSE) / 2 (a "
+                             "baseline) (default: %(default)s)")
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="initialisation, dropout and data order (default: 0)")
     parser.add_argument("--out", required=True,
