@@ -77,6 +77,12 @@ class RtVocabulary:
 
     Ids below the base vocabulary's size are the base's (pad 0, EOS 1 unchanged); RT
     piece `k` of the pieces file has id `base.vocab_size + k`.
+
+    >>> v = vocabulary()
+    >>> [v.id_to_piece(i) for i in v.encode("-12.5")]
+    ['▁-', '_1_1_', '_2_0_', '_5_-1_']
+    >>> v.decode(v.encode("-12.5")), v.vocab_size
+    ('-12.5', 1550)
     """
 
     system_vocabulary = "rt"  # `systems.vocabulary_name_of`

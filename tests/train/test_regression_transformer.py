@@ -120,6 +120,13 @@ def test_ids_pieces_and_the_base_vocabulary(vocab):
     assert copy.encode(text) == vocab.encode(text) and copy.decode(copy.encode(text)) == text
 
 
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(rt)
+    assert result.attempted > 0 and result.failed == 0
+
+
 def test_train_help_names_the_rt_systems(capsys):
     from ntl_jax import cli
 
