@@ -118,9 +118,14 @@ def run_dir(out: str, spec: RunSpec) -> str:
 
 def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpec]]:
     """(pretraining runs, compared runs) of the comparison, in the order they train."""
-    from ntl_jax.train.systems import trains_ntl
+    from ntl_jax.train.systems import starts_from_ce, trains_ntl
 
     losses = ["ce"] + [loss for loss in dict.fromkeys(args.losses) if loss != "ce"]
+    if args.protocol == "finetune" and not all(starts_from_ce(loss) for loss in losses):
+        own = [loss for loss in losses if not starts_from_ce(loss)]
+        raise ValueError(f"--protocol finetune starts every run from a CE model of the shipped "
+                         f"vocabulary; expected token-head losses on it, got {', '.join(own)} (a "
+                         f"network or vocabulary of their own): use --protocol scratch")
     weights = list(dict.fromkeys(args.ntl_weight))
 
     def weighted(loss):  # a system without NTL has no weight: one run per seed

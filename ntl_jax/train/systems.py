@@ -47,6 +47,12 @@ def trains_ntl(system: str) -> bool:
     return loss is not None and token_trains_ntl(loss)
 
 
+def starts_from_ce(system: str) -> bool:
+    """Whether `system` can start from a CE run's parameters (`compare --protocol
+    finetune`): the token-head losses on the shipped vocabulary, whose network is CE's."""
+    return token_loss(system) is not None and vocabulary_name(system) == "default"
+
+
 def check(system: str, architecture: str) -> None:
     """Raises ValueError if `system` is unknown or cannot train `architecture`."""
     from ntl_jax.train.step import LOSS_KINDS

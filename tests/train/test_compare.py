@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 
@@ -64,6 +65,14 @@ def test_plan_pairs_each_variant_with_the_ce_run_of_its_seed_and_learning_rate(t
     # The default fine-tuning rate is a third of the pretraining rate.
     args = _args(["--protocol", "finetune", "--learning-rate", "0.003", "--out", str(tmp_path)])
     assert {r.learning_rate for r in cli_compare.plan(args, str(tmp_path))[1]} == {0.001}
+    # Fine-tuning starts from CE's network on the shipped vocabulary: the baselines with a
+    # network or vocabulary of their own are refused before anything trains.
+    args = _args(["--protocol", "finetune", "--losses", "gce", "ntl-was-cdf", "--out", str(tmp_path)])
+    assert [r.loss for r in cli_compare.plan(args, str(tmp_path))[1] if r.seed == 0] == ["ce", "gce", "ntl-was-cdf"]
+    for baseline in ("rt", "rt+ntl-mse", "xval", "regression-head"):
+        args = _args(["--protocol", "finetune", "--losses", "ntl-was", baseline, "--out", str(tmp_path)])
+        with pytest.raises(ValueError, match=f"expected token-head losses on it, got {re.escape(baseline)} "):
+            cli_compare.plan(args, str(tmp_path))
 
 
 def test_scratch_runs_of_a_seed_share_initialisation_and_batches(tmp_path, capsys):
