@@ -215,17 +215,24 @@ def _execute(args: argparse.Namespace, out: str, pretrain: list[RunSpec],
                 waiting.remove(spec)
                 pending[pool.submit(_train_one, args, spec, out, False)] = spec
 
-        submit_ready()
-        while pending:
-            done, _ = concurrent.futures.wait(pending, return_when="FIRST_COMPLETED")
-            for future in done:
-                spec = pending.pop(future)
-                results[spec] = future.result()
-                print(f"[{len(results)}/{len(pretrain) + len(runs)}] finished {spec.label}, "
-                      f"seed {spec.seed}", flush=True)
-                if spec in pretrain:
-                    ready.add(run_dir(out, spec))
+        try:
             submit_ready()
+            while pending:
+                done, _ = concurrent.futures.wait(pending, return_when="FIRST_COMPLETED")
+                for future in done:
+                    spec = pending.pop(future)
+                    results[spec] = future.result()
+                    print(f"[{len(results)}/{len(pretrain) + len(runs)}] finished {spec.label}, "
+                          f"seed {spec.seed}", flush=True)
+                    if spec in pretrain:
+                        ready.add(run_dir(out, spec))
+                submit_ready()
+        except BaseException:
+            # Ctrl-C, or a run that stopped (interrupted, diverged): queued runs must not
+            # start; the running ones stop at their own Ctrl-C (the terminal sends it to
+            # every process) or finish.
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return results
 
 

@@ -490,6 +490,7 @@ def _train(config, out_dir, data, progress, tensorboard, stop_after):
     own = systems.build(config.loss, config, model_config, vocabulary)
     if own is not None:  # a baseline with its own network and step
         model, optimizer, train_step = own
+        model_config = getattr(model, "config", model_config)  # xVal may widen the vocabulary
     else:
         model, optimizer, train_step = build_step(
             StepSpec.of(config, model_config, number_tokens_of(vocabulary)))
