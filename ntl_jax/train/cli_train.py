@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ce: cross-entropy only; ntl-*: CE + lambda * NTL; gce, gce+ntl-*: the "
                              "same with the Gaussian-smoothed cross-entropy (--gce-sigma); "
                              "regression-head: the encoder's mean-pooled output -> a linear layer, "
-                             "MSE on log1p of the answer (a baseline); "
+                             "MSE on sign(x) log1p(|x|) of the answer x (a baseline); "
                              "rt, rt+ntl-mse: the Regression Transformer's number tokens (each digit "
                              "one token with its decimal place, _d_p_) trained with CE, and with CE + "
                              "lambda * NTL-MSE on the digits (baselines); "

@@ -4,9 +4,9 @@ The paper claims NTL lets a language model's token head match a dedicated regres
 head on a regression task. This is that head on the trainer's encoder (the same
 `network.Encoder` and token embedding as the encoder-decoder, under the same parameter
 names, so a seed initialises them as it does the CE run's), trained with the MSE of its
-output against the answer's number, optionally on `log1p` of it (`log_targets`, the
-default: scores of 25-346 become 3.3-5.9, a scale a zero-mean head reaches quickly;
-`expm1` maps predictions back). The answer's number is read from the batch's target
+output against the answer's number, optionally on `sign(x) * log1p(|x|)` of it
+(`log_targets`, the default: scores of 25-346 become 3.3-5.9, a scale a zero-mean head
+reaches quickly; `sign(s) * expm1(|s|)` maps predictions back). The answer's number is read from the batch's target
 tokens with the vocabulary and `ntl_jax.metrics.parse_number`, so any task whose
 answers are numbers works. Evaluation writes each prediction as a number string
 (`format_prediction`, 2 decimals) and scores it with the same metrics as the
@@ -81,18 +81,16 @@ class RegressionHead(nn.Module):
 
 
 def to_training_scale(values: np.ndarray, log_targets: bool) -> np.ndarray:
-    """`log1p(values)` with `log_targets` (values must be > -1), else the values."""
+    """`sign(x) * log1p(|x|)` with `log_targets` (`log1p` for the answers >= 0 of a
+    regression task; the sign keeps the negative answers of arithmetic), else the values."""
     values = np.asarray(values, np.float64)
-    if log_targets:
-        if not np.all(values > -1):
-            raise ValueError(f"expected answers > -1 for log-scaled targets, got {values.min():g}")
-        return np.log1p(values)
-    return values
+    return np.sign(values) * np.log1p(np.abs(values)) if log_targets else values
 
 
 def from_training_scale(values: np.ndarray, log_targets: bool) -> np.ndarray:
+    """The inverse of `to_training_scale`."""
     values = np.asarray(values, np.float64)
-    return np.expm1(values) if log_targets else values
+    return np.sign(values) * np.expm1(np.abs(values)) if log_targets else values
 
 
 def answer_values(vocabulary, target_tokens: np.ndarray) -> np.ndarray:
@@ -112,7 +110,7 @@ def answer_values(vocabulary, target_tokens: np.ndarray) -> np.ndarray:
 
 def make_train_step(model: RegressionHead, optimizer: optax.GradientTransformation, vocabulary):
     """`train_step(state, batch) -> (state, metrics)`: one optax step on the MSE of the
-    head's outputs against the answers' numbers (log1p-scaled with `model.log_targets`).
+    head's outputs against the answers' numbers (signed-log1p-scaled with `model.log_targets`).
 
     The numbers are read on the host; the update is jitted (one compilation per shape).
     Metrics: `loss` (= `mse`, in the training scale) and `grad_norm`.

@@ -77,8 +77,12 @@ def test_answer_values_and_scales(vocabulary):
     np.testing.assert_array_equal(rh.to_training_scale(y, True), np.log1p(y))
     np.testing.assert_allclose(rh.from_training_scale(rh.to_training_scale(y, True), True), y, rtol=1e-15)
     np.testing.assert_array_equal(rh.to_training_scale(y, False), y)
-    with pytest.raises(ValueError, match="expected answers > -1 for log-scaled targets, got -3"):
-        rh.to_training_scale([-3.0, 4.0], True)
+    # Negative answers (arithmetic) keep their sign: -log1p(3) for -3.
+    signed = np.array([-3.0, -0.5, 4.0, -1e6])
+    np.testing.assert_allclose(rh.to_training_scale(signed, True),
+                               [-np.log(4.0), -np.log(1.5), np.log(5.0), -np.log(1e6 + 1)], rtol=1e-15)
+    np.testing.assert_allclose(rh.from_training_scale(rh.to_training_scale(signed, True), True), signed,
+                               rtol=1e-12)
 
 
 def _data(vocabulary, n=64, batch=8, seed=0):
