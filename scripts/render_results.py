@@ -3,6 +3,9 @@
     python scripts/render_results.py                    # rewrite the blocks in place
     python scripts/render_results.py --check            # exit 1 if a block is stale
     python scripts/render_results.py --refresh-paired   # also recompute each file's "paired"
+    python scripts/render_results.py --show docs/results/diabetes.json --against regression-head
+                                                        # print one file's tables, every loss
+                                                        # paired with another baseline
 
 The tables' paired statistics are always computed from the per-seed numbers in a file's
 "runs"; --refresh-paired writes them back into the file's "paired" section too, so a file
@@ -34,7 +37,24 @@ def main(argv=None) -> int:
                         help="do not write; exit 1 if a block differs from its rendering")
     parser.add_argument("--refresh-paired", action="store_true",
                         help="recompute the \"paired\" section of every result file from its runs")
+    parser.add_argument("--show", metavar="FILE",
+                        help="print the tables of one result file instead of writing the README")
+    parser.add_argument("--against", metavar="LOSS",
+                        help="with --show: pair every loss with LOSS's run of its seed, not the "
+                             "file's baseline")
     args = parser.parse_args(argv)
+    if args.against and not args.show:
+        parser.error("--against applies to --show: expected --show FILE with it")
+    if args.show:
+        try:
+            result = results_table.load(args.show)
+            if args.against:
+                result = results_table.against(result, args.against)
+            print(results_table.render(result))
+        except (OSError, ValueError, results_table.ResultsError) as e:
+            print(f"render_results: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.check and args.refresh_paired:
         parser.error("--check writes nothing: expected one of --check, --refresh-paired, got both")
     try:

@@ -229,6 +229,21 @@ def refresh_paired(result: dict) -> dict:
     return result | {"paired": paired_stats.paired_comparison(result["runs"], metrics=metrics)}
 
 
+def against(result: dict, baseline: str) -> dict:
+    """`result` with every other loss paired with `baseline`'s run of the same seed (e.g.
+    NTL against the regression head instead of CE); `render` then shows those differences.
+
+    Raises:
+      ResultsError: no run of `result` has the label `baseline`.
+    """
+    labels = list(dict.fromkeys(run["loss"] for run in result.get("runs") or []))
+    if baseline not in labels:
+        raise ResultsError(f"expected a baseline among the runs' losses {labels}, got {baseline!r}")
+    # The baseline's own runs name themselves: a label paired with itself is skipped.
+    runs = [run | {"baseline": baseline} for run in result["runs"]]
+    return refresh_paired(result | {"runs": runs})
+
+
 def load(path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         return json.load(f)

@@ -327,3 +327,33 @@ def test_runs_from_before_the_fused_loss_say_how_to_repeat_them():
     del result["settings"]["fused_loss"]
     assert "add `--no-fused-loss` to the command" in results_table.render(result)
     assert "--no-fused-loss" not in results_table.render(tiny_result())
+
+
+def test_against_pairs_every_loss_with_another_baseline_by_seed(capsys):
+    import pathlib
+    import subprocess
+    import sys
+
+    stats = pytest.importorskip("scipy.stats")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    path = root / "docs" / "results" / "diabetes.json"
+    result = results_table.load(str(path))
+    shown = results_table.against(result, "regression-head")
+    metric = "test_interpolate/rmse"
+    head = {r["seed"]: r["metrics"][metric] for r in result["runs"] if r["loss"] == "regression-head"}
+    for loss in ("ce", "ntl-was", "ntl-mse"):
+        d = np.array([r["metrics"][metric] - head[r["seed"]] for r in result["runs"] if r["loss"] == loss])
+        entry = shown["paired"][loss][metric]
+        assert entry["baseline"] == "regression-head" and entry["n"] == len(d) == 10
+        assert entry["mean_diff"] == pytest.approx(d.mean(), rel=1e-12)
+        half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+        assert entry["ci95"] == pytest.approx([d.mean() - half, d.mean() + half], rel=1e-9)
+    assert "regression-head" not in shown["paired"]
+    assert result["paired"]["ntl-mse"][metric]["baseline"] == "ce"  # the file itself is unchanged
+    with pytest.raises(results_table.ResultsError, match="expected a baseline among the runs' losses .*got 'head'"):
+        results_table.against(result, "head")
+    script = [sys.executable, str(root / "scripts" / "render_results.py"), "--show", str(path)]
+    out = subprocess.run(script + ["--against", "regression-head"], capture_output=True, text=True, check=True).stdout
+    assert "| ntl-mse − regression-head | interpolate/rmse ↓ |" in out
+    bad = subprocess.run(script + ["--against", "head"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "got 'head'" in bad.stderr
