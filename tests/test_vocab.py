@@ -111,7 +111,7 @@ def test_matches_seqio_sentencepiece_vocabulary():
 
 
 TRAINER_MODULES = ["ntl_jax.vocab", "ntl_jax.train.trainer", "ntl_jax.train.data",
-                   "ntl_jax.train.cli_train", "ntl_jax.train.cli_compare", "ntl_jax.cli"]
+                   "ntl_jax.cli.train", "ntl_jax.cli.compare", "ntl_jax.cli"]
 
 
 @pytest.mark.parametrize("module", TRAINER_MODULES)

@@ -81,7 +81,7 @@ def test_interrupted_train_exits_130_with_one_line(tmp_path, capsys, monkeypatch
 
 
 def test_metric_table_says_n_a_for_undefined_metrics():
-    from ntl_jax.train.cli_train import format_metrics
+    from ntl_jax.cli.train import format_metrics
 
     assert format_metrics({"b/pearson": None, "a/acc": 0.5, "c/r2": float("nan")}) == (
         "  a/acc      0.5\n  b/pearson  n/a\n  c/r2       n/a")
@@ -115,7 +115,7 @@ def test_train_rejects_bad_module_and_unwritable_out(real_data, tmp_path, capsys
 
 
 def test_plot_loss_values_and_png(tmp_path):
-    from ntl_jax.cli_plot_loss import loss_curves, peaked
+    from ntl_jax.cli.plot_loss import loss_curves, peaked
 
     c = 0.9
     curves = loss_curves(4, peaked(c))

@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from ntl_jax import cli, cli_plot_loss  # noqa: E402
+from ntl_jax import cli  # noqa: E402
+from ntl_jax.cli import plot_loss as cli_plot_loss  # noqa: E402
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ pytest.importorskip("orbax.checkpoint")
 pytest.importorskip("mathematics_dataset")
 
 from ntl_jax import cli  # noqa: E402
-from ntl_jax.train import cli_compare  # noqa: E402
+from ntl_jax.cli import compare as cli_compare  # noqa: E402
 
 MICRO = ["--preset", "micro", "--train-examples", "16", "--eval-examples", "4",
          "--batch-size", "8", "--log-every", "1", "--checkpoint-every", "2", "--no-progress",

@@ -7,8 +7,9 @@ import pytest
 from conftest import addition_source, fake_data
 
 from ntl_jax import cli, flax_head
-from ntl_jax.train import cli_train, network, trainer
+from ntl_jax.cli import train as cli_train
 from ntl_jax.train import data as data_lib
+from ntl_jax.train import network, trainer
 from ntl_jax.train import step as step_lib
 
 # SGD with learning rate 1: a step's parameter change is minus the gradient.

@@ -13,7 +13,9 @@ pytest.importorskip("orbax.checkpoint")
 from conftest import fake_data, micro_config  # noqa: E402
 
 from ntl_jax import cli  # noqa: E402
-from ntl_jax.train import cli_compare, cli_train, network, optim, trainer  # noqa: E402
+from ntl_jax.cli import compare as cli_compare  # noqa: E402
+from ntl_jax.cli import train as cli_train  # noqa: E402
+from ntl_jax.train import network, optim, trainer  # noqa: E402
 from ntl_jax.train import step as step_lib  # noqa: E402
 from ntl_jax.train.checkpoint import CheckpointError  # noqa: E402
 from tests.test_gce_and_cdf import reference  # noqa: E402

@@ -201,7 +201,8 @@ def test_compare_pairs_the_head_with_ce_on_diabetes(tmp_path, capsys):
     import os
 
     from ntl_jax import cli
-    from ntl_jax.train import cli_compare, cli_train
+    from ntl_jax.cli import compare as cli_compare
+    from ntl_jax.cli import train as cli_train
 
     argv = ["--task", "diabetes", "--losses", "ce", "ntl-was", rh.LOSS, "--ntl-weight", "0.1", "0.3",
             "--dropout-rate", "0.1",

@@ -290,7 +290,7 @@ def trained(tmp_path_factory):
     pytest.importorskip("mathematics_dataset")
     pytest.importorskip("orbax.checkpoint")
     from ntl_jax import cli
-    from ntl_jax.train import cli_compare
+    from ntl_jax.cli import compare as cli_compare
 
     out = str(tmp_path_factory.mktemp("rt") / "cmp")
     argv = ["--losses", "ce", "rt", "rt+ntl-mse", "--seeds", "1", "--out", out] + RUN

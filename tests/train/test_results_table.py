@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from ntl_jax.train import cli_compare, paired_stats, results_table
+from ntl_jax.cli import compare as cli_compare
+from ntl_jax.train import paired_stats, results_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "render_results.py"

@@ -365,7 +365,7 @@ def test_ntl_jax_train_loss_xval(real_data, tmp_path):
 
 def test_compare_pairs_xval_with_the_ce_run_of_its_seed(real_data, tmp_path):
     from ntl_jax import cli
-    from ntl_jax.train import cli_train
+    from ntl_jax.cli import train as cli_train
 
     assert xval.LOSS in cli_train.CHOICES and xval.LOSS not in cli_train.LOSSES
     out = str(tmp_path / "cmp")

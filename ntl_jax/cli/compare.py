@@ -34,8 +34,8 @@ import time
 
 import numpy as np
 
-from ntl_jax import cli_flags
-from ntl_jax.train import cli_train
+from ntl_jax.cli import flags as cli_flags
+from ntl_jax.cli import train as cli_train
 
 TASKS = ("arithmetic", "multiplication", "diabetes")
 PROTOCOLS = ("scratch", "finetune")

@@ -7,8 +7,8 @@ import math
 import os
 import sys
 
-from ntl_jax import cli_flags
-from ntl_jax.cli_flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
+from ntl_jax.cli import flags as cli_flags
+from ntl_jax.cli.flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
 from ntl_jax.losses import KINDS
 from ntl_jax.train import systems
 

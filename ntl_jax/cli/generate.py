@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from ntl_jax.cli_flags import checked, positive_int
+from ntl_jax.cli.flags import checked, positive_int
 
 # Split evenly over easy/medium/hard (rounded down), so fewer than 3 would write nothing.
 per_train_count = checked(int, lambda v: v >= 3,

@@ -13,10 +13,10 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "generate": ("ntl_jax.data.generate_cli", "write DeepMind mathematics files offline"),
-    "train": ("ntl_jax.train.cli_train", "train a small T5 with or without NTL"),
-    "compare": ("ntl_jax.train.cli_compare", "paired runs of CE and CE+NTL over seeds, with intervals"),
-    "plot-loss": ("ntl_jax.cli_plot_loss", "plot CE, NTL-MSE and NTL-WAS over digit distributions"),
+    "generate": ("ntl_jax.cli.generate", "write DeepMind mathematics files offline"),
+    "train": ("ntl_jax.cli.train", "train a small T5 with or without NTL"),
+    "compare": ("ntl_jax.cli.compare", "paired runs of CE and CE+NTL over seeds, with intervals"),
+    "plot-loss": ("ntl_jax.cli.plot_loss", "plot CE, NTL-MSE and NTL-WAS over digit distributions"),
 }
 
 DESCRIPTION = """\
@@ -93,6 +93,3 @@ def main(argv: list[str] | None = None) -> int:
               f"(finished runs and checkpoints are kept)", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from ntl_jax.cli_flags import checked
+from ntl_jax.cli.flags import checked
 
 digit_in_range = checked(int, lambda v: 0 <= v <= 9, "a digit 0-9")
 probability = checked(float, lambda v: 0.1 < v < 1, "a probability in (0.1, 1)")
