@@ -1,7 +1,9 @@
-"""`ntl-jax compare`: CE against CE + NTL, paired by seed, with confidence intervals.
+"""`ntl-jax compare`: CE against CE + NTL and the paper's other systems, paired by seed,
+with confidence intervals.
 
-Every seed gives all losses the same initialisation and the same batches, so each NTL
-run has a CE twin and the comparison is a set of paired differences. Two protocols:
+Every seed gives all losses (and the baselines of `ntl_jax.train.systems`) the same
+initialisation and the same batches, so each run has a CE twin and the comparison is a
+set of paired differences. Two protocols:
 
 * `scratch`: every loss trains from a random initialisation.
 * `finetune` (the paper's): per seed, one CE pretraining run; then every loss
@@ -127,9 +129,7 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
                          f"vocabulary; expected token-head losses on it, got {', '.join(own)} (a "
                          f"network or vocabulary of their own): use --protocol scratch")
     weights = list(dict.fromkeys(args.ntl_weight))
-
-    def weighted(loss):  # a system without NTL has no weight: one run per seed
-        return trains_ntl(loss)
+    weighted = trains_ntl  # a system without NTL has no weight: one run per seed
     if args.protocol == "finetune":
         rates = list(dict.fromkeys(args.finetune_learning_rate or [args.learning_rate / 3]))
     else:
