@@ -86,8 +86,8 @@ def unscale_values(scaled) -> np.ndarray:
         return np.sign(s) * (np.power(10.0, np.abs(s) * SCALE_DIVISOR) - 1.0)
 
 
-def extract_numbers(text: str) -> tuple[str, list[float]]:
-    """`text` with each number replaced by `[NUM]`, and the numbers in order.
+def extract_numbers(text: str, placeholder: str = NUM_TOKEN) -> tuple[str, list[float]]:
+    """`text` with each number replaced by `placeholder`, and the numbers in order.
 
     >>> extract_numbers("What is -4 + 2.5 - 3?")
     ('What is [NUM] + [NUM] - [NUM]?', [-4.0, 2.5, 3.0])
@@ -96,7 +96,7 @@ def extract_numbers(text: str) -> tuple[str, list[float]]:
 
     def replace(match):
         values.append(float(match.group()))
-        return NUM_TOKEN
+        return placeholder
 
     return NUMBER.sub(replace, text), values
 
@@ -124,13 +124,8 @@ class XvalVocabulary:
     def encode(self, text: str) -> tuple[list[int], np.ndarray]:
         """`(ids, values)`: `ids` with `num_id` for each number, `values` float64 of the
         same length, the number at its `[NUM]` and NaN elsewhere (no EOS added)."""
-        numbers: list[float] = []
-
-        def replace(match):
-            numbers.append(float(match.group()))
-            return _PLACEHOLDER
-
-        ids = list(self.vocabulary.encode(NUMBER.sub(replace, text)))
+        masked, numbers = extract_numbers(text, _PLACEHOLDER)
+        ids = list(self.vocabulary.encode(masked))
         where = [k for k, i in enumerate(ids) if i == self._placeholder]
         if len(where) != len(numbers):
             raise ValueError(f"xVal expected one '0' token per number of {text!r} ({len(numbers)}), got "
