@@ -33,6 +33,7 @@ assumed finite and non-negative.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Callable, Literal, NamedTuple
@@ -210,30 +211,34 @@ def number_mass(logits, number_logits, number_tokens: NumberTokens, keep=None):
     `keep` (`[batch, length]` bool, or None for all) marks the positions whose logits
     are used: elsewhere they count as 0, whatever they hold. The shift (the largest
     logit), the exponentials and their sum are those `jax.nn.logsumexp` computes, so
-    XLA computes them once for this and a caller's cross-entropy (with float32
-    logits): no pass over the vocabulary of its own. `mass` is the number tokens' sum
-    over that sum, accurate to a few float32 ulps even when the logits are large;
-    `rest` is the difference of the two sums over their total, accurate to a few ulps
-    of 1 (not of itself: where the mass is close to 1, the cancellation leaves it an
-    absolute error of the sum's rounding).
+    XLA computes them once for this and a caller's cross-entropy: no pass over the
+    vocabulary of its own. Like `logsumexp`, the exponentials are taken in the logits'
+    dtype and summed in float32. With float32 logits, `mass` (the number tokens' sum
+    over the total) is accurate to a few float32 ulps even when the logits are large;
+    `rest` (the difference of the two sums over their total) to a few ulps of 1, not of
+    itself. With 16-bit logits both carry the 16-bit rounding of each exponential's
+    argument and value (a relative 2^-8 per term for bfloat16), as the caller's
+    cross-entropy does: the error of the logits' own rounding.
     """
     shift = jnp.max(logits, axis=-1, initial=-jnp.inf)
     shift = jax.lax.stop_gradient(jax.lax.select(jnp.isfinite(shift), shift, jnp.zeros_like(shift)))
     kept = jnp.ones(shift.shape, bool) if keep is None else keep
     total = _exp_sum(logits, jax.lax.expand_dims(shift, (logits.ndim - 1,)), kept)
     # Ignored positions: their number logits are 0, so a shift of 0 keeps them finite.
-    shift = jnp.where(kept, shift.astype(jnp.float32), 0.0)
-    mass = jnp.sum(jnp.exp(number_logits - shift[..., None]), axis=-1)
+    shift = jnp.where(kept, shift, jnp.zeros((), shift.dtype))
+    # The same rounded exponentials as in the total (number_logits are the logits'
+    # values, widened), so the mass is part of it.
+    mass = jnp.sum(_exp(number_logits.astype(logits.dtype), shift[..., None]), axis=-1)
     total = jnp.where(kept, total, mass)  # ignored positions: all mass on the numbers
-    # The mass is part of the total; rounding can put it a few ulps above.
+    # Summation order can put the mass a few ulps above the total.
     rest = jnp.maximum(total - mass, 0.0)
-    return shift + jnp.log(total), (mass / total, rest / total)
+    return shift.astype(jnp.float32) + jnp.log(total), (mass / total, rest / total)
 
 
 def _exp(logits, shift):
-    """`exp(logits - shift)` in float32; for float32 logits (the casts are then no-ops)
-    exactly as `jax.nn.logsumexp` writes it."""
-    return jnp.exp(logits.astype(jnp.float32) - shift.astype(jnp.float32))
+    """`exp(logits - shift)` as `jax.nn.logsumexp` writes it (in the logits' dtype, so
+    XLA shares it with a caller's cross-entropy), widened to float32."""
+    return jnp.exp(logits - shift.astype(logits.dtype)).astype(jnp.float32)
 
 
 @jax.custom_vjp
@@ -282,8 +287,62 @@ def number_logits(logits, number_tokens: NumberTokens, keep=None):
     """The logits of the number tokens, `[batch, length, N]` float32; 0 where `keep`
     (`[batch, length]` bool, optional) is False. The columns are taken before any
     arithmetic, so only they are converted and sanitised."""
-    columns = jnp.take(logits, jnp.asarray(number_tokens.ids), axis=-1).astype(jnp.float32)
+    columns = _take_columns(logits, jnp.asarray(number_tokens.ids)).astype(jnp.float32)
     return columns if keep is None else jnp.where(keep[..., None], columns, 0.0)
+
+
+# Up to this many number tokens, the 16-bit column gradient on the CPU is a chain of
+# selects (see `_columns_gradient_cpu`); beyond, a bitwise scatter.
+_SELECT_CHAIN_MAX = 16
+
+
+@jax.custom_vjp
+def _take_columns(logits, ids):
+    """`jnp.take(logits, ids, axis=-1)`: the `N` columns of the (strictly increasing)
+    `ids`. The gradient is `take`'s own, except for 16-bit logits on the CPU, see
+    `_columns_gradient_cpu`."""
+    return jnp.take(logits, ids, axis=-1)
+
+
+def _take_columns_fwd(logits, ids):
+    # The logits are kept only for their shape and dtype (no copy: they are an input).
+    return _take_columns(logits, ids), (logits, ids)
+
+
+def _take_columns_bwd(residuals, g):
+    logits, ids = residuals
+    spec = jax.ShapeDtypeStruct(logits.shape, logits.dtype)
+
+    def take_transpose(g, ids):
+        return jax.linear_transpose(lambda x: jnp.take(x, ids, axis=-1), spec)(g)[0]
+
+    if jnp.dtype(logits.dtype).itemsize != 2:
+        return take_transpose(g, ids), None
+    cpu = functools.partial(_columns_gradient_cpu, shape=logits.shape)
+    return jax.lax.platform_dependent(g, ids, cpu=cpu, default=take_transpose), None
+
+
+def _columns_gradient_cpu(g, ids, *, shape):
+    """`[..., V]` zeros with the columns `ids` set to `g` (`[..., N]`, 16-bit): the
+    transpose of taking them, written so XLA's CPU backend does not widen it. It widens
+    a 16-bit scatter-add to a float32 `[..., V]` buffer (a write and a read of twice
+    the logits' size, more than a cross-entropy's whole backward pass adds); this adds
+    no buffer for a few ids (a select per id, fused into the caller's gradient) and a
+    16-bit one for many (a scatter of the bit patterns into zeros, exact as the ids
+    are distinct)."""
+    n = ids.shape[0]
+    if n <= _SELECT_CHAIN_MAX:
+        column = jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
+        out = jnp.zeros(shape, jnp.float32)
+        for i in range(n):
+            out = jnp.where(column == ids[i], g[..., i:i + 1].astype(jnp.float32), out)
+        return out.astype(g.dtype)
+    bits = jax.lax.bitcast_convert_type(g, jnp.uint16)
+    out = jnp.zeros(shape, jnp.uint16).at[..., ids].set(bits, indices_are_sorted=True, unique_indices=True)
+    return jax.lax.bitcast_convert_type(out, g.dtype)
+
+
+_take_columns.defvjp(_take_columns_fwd, _take_columns_bwd)
 
 
 def _shift_right(x, fill):
