@@ -9,10 +9,12 @@ host synchronisation, so they run under `jit`, `vmap`, `grad` and sharding. NTL-
 follow the authors' paper code (tum-ai/number-token-loss).
 
 Conventions (optax style): arrays first, options keyword-only. `logits` is
-`[batch, length, vocab]` (f32, bf16 or f16; computed in f32), `targets` `[batch,
-length]` integer token ids, `weights` `[batch, length]` finite and non-negative.
-`vocab` may exceed the `NumberTokens` table's size (networks round their vocabulary up,
-e.g. to a multiple of 128): the ids beyond the table are not numbers. A position is
+`[batch, length, vocab]` (f32, bf16 or f16; computed in f32, except that `reweigh`
+takes the full-vocabulary exponentials in the logits' dtype, as a cross-entropy's
+`logsumexp` does, see `number_mass`), `targets` `[batch, length]` integer token ids,
+`weights` `[batch, length]` finite and non-negative. `vocab` may exceed the
+`NumberTokens` table's size (networks round their vocabulary up, e.g. to a multiple of
+128): the ids beyond the table are not numbers. A position is
 ignored, like ntloss's `ignore_index`, when its weight is 0 or its target
 id is outside `[0, vocab)`: it contributes exactly 0 whatever its logits hold (NaN and
 infinities included, gradients too) and it breaks a run of digits in the number-level
