@@ -294,7 +294,10 @@ def number_logits(logits, number_tokens: NumberTokens, keep=None):
 
 
 # Up to this many number tokens, the 16-bit column gradient on the CPU is a chain of
-# selects (see `_columns_gradient_cpu`); beyond, a bitwise scatter.
+# selects (see `_columns_gradient_cpu`); beyond, a bitwise scatter. Each select costs
+# every element of the gradient a compare and a select, the scatter a 16-bit buffer the
+# size of the logits: with bf16 logits next to optax's CE on a 2-core CPU, the chain was
+# the cheaper up to about twenty number tokens.
 _SELECT_CHAIN_MAX = 16
 
 
