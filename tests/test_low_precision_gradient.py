@@ -51,12 +51,15 @@ def test_cpu_columns_gradient_is_takes_transpose_exactly(dtype, n):
 
 
 def scattered_table(vocab, count, seed=0):
-    """A vocabulary with the numbers 0..count-1 at scattered ids (multi-digit pieces)."""
+    """A vocabulary with the numbers 0..count-1 at scattered ids (multi-digit pieces, so
+    `digit_level=False`: `count` number tokens)."""
     rng = np.random.default_rng(seed)
     pieces = [f"w{i}" for i in range(vocab)]
     for value, token_id in enumerate(rng.choice(vocab, size=count, replace=False)):
         pieces[token_id] = str(value)
-    return NumberTokens.from_pieces(pieces)
+    table = NumberTokens.from_pieces(pieces, digit_level=False)
+    assert len(table.ids) == count
+    return table
 
 
 @pytest.mark.parametrize("count", [10, 120])
