@@ -35,7 +35,6 @@ assumed finite and non-negative.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from typing import Callable, Literal, NamedTuple
@@ -293,61 +292,48 @@ def number_logits(logits, number_tokens: NumberTokens, keep=None):
     return columns if keep is None else jnp.where(keep[..., None], columns, 0.0)
 
 
-# Up to this many number tokens, the 16-bit column gradient on the CPU is a chain of
-# selects (see `_columns_gradient_cpu`); beyond, a bitwise scatter. Each select costs
-# every element of the gradient a compare and a select, the scatter a 16-bit buffer the
-# size of the logits: with bf16 logits next to optax's CE on a 2-core CPU, the chain was
-# the cheaper up to about twenty number tokens.
-_SELECT_CHAIN_MAX = 16
+# Up to this many number tokens, the 16-bit column gradient on the CPU is a sum of
+# selects fused into the caller's gradient (see `_columns_tangent_cpu`): each costs every
+# element of the gradient a compare, a select and an add, so beyond this `take`'s own
+# scatter is kept (with bf16 logits next to optax's CE on a 2-core CPU, the two cost the
+# same at about 32 number tokens).
+_SELECT_CHAIN_MAX = 24
 
 
-@jax.custom_vjp
+@jax.custom_jvp
 def _take_columns(logits, ids):
-    """`jnp.take(logits, ids, axis=-1)`: the `N` columns of the (strictly increasing)
-    `ids`. The gradient is `take`'s own, except for 16-bit logits on the CPU, see
-    `_columns_gradient_cpu`."""
+    """`jnp.take(logits, ids, axis=-1)`: the `N` columns `ids`. Its derivative is
+    `take`'s own except for 16-bit logits on the CPU with few ids (see
+    `_columns_tangent_cpu`); every mode of differentiation works."""
     return jnp.take(logits, ids, axis=-1)
 
 
-def _take_columns_fwd(logits, ids):
-    # The logits are kept only for their shape and dtype (no copy: they are an input).
-    return _take_columns(logits, ids), (logits, ids)
+@_take_columns.defjvp
+def _take_columns_jvp(primals, tangents):
+    logits, ids = primals
+    logits_dot, _ = tangents
+    out = _take_columns(logits, ids)
+
+    def take(t, ids):
+        return jnp.take(t, ids, axis=-1)
+
+    if jnp.dtype(logits.dtype).itemsize != 2 or ids.shape[0] > _SELECT_CHAIN_MAX:
+        return out, take(logits_dot, ids)
+    return out, jax.lax.platform_dependent(logits_dot, ids, cpu=_columns_tangent_cpu, default=take)
 
 
-def _take_columns_bwd(residuals, g):
-    logits, ids = residuals
-    spec = jax.ShapeDtypeStruct(logits.shape, logits.dtype)
-
-    def take_transpose(g, ids):
-        return jax.linear_transpose(lambda x: jnp.take(x, ids, axis=-1), spec)(g)[0]
-
-    if jnp.dtype(logits.dtype).itemsize != 2:
-        return take_transpose(g, ids), None
-    cpu = functools.partial(_columns_gradient_cpu, shape=logits.shape)
-    return jax.lax.platform_dependent(g, ids, cpu=cpu, default=take_transpose), None
-
-
-def _columns_gradient_cpu(g, ids, *, shape):
-    """`[..., V]` zeros with the columns `ids` set to `g` (`[..., N]`, 16-bit): the
-    transpose of taking them, written so XLA's CPU backend does not widen it. It widens
-    a 16-bit scatter-add to a float32 `[..., V]` buffer (a write and a read of twice
-    the logits' size, more than a cross-entropy's whole backward pass adds); this adds
-    no buffer for a few ids (a select per id, fused into the caller's gradient) and a
-    16-bit one for many (a scatter of the bit patterns into zeros, exact as the ids
-    are distinct)."""
-    n = ids.shape[0]
-    if n <= _SELECT_CHAIN_MAX:
-        column = jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
-        out = jnp.zeros(shape, jnp.float32)
-        for i in range(n):
-            out = jnp.where(column == ids[i], g[..., i:i + 1].astype(jnp.float32), out)
-        return out.astype(g.dtype)
-    bits = jax.lax.bitcast_convert_type(g, jnp.uint16)
-    out = jnp.zeros(shape, jnp.uint16).at[..., ids].set(bits, indices_are_sorted=True, unique_indices=True)
-    return jax.lax.bitcast_convert_type(out, g.dtype)
-
-
-_take_columns.defvjp(_take_columns_fwd, _take_columns_bwd)
+def _columns_tangent_cpu(t, ids):
+    """`jnp.take(t, ids, axis=-1)` for 16-bit `t`, written as masked sums over the
+    vocabulary so that its transpose, the columns' gradient in reverse mode, is a sum
+    of selects in float32 that XLA fuses into the caller's gradient. `take`'s transpose
+    is a 16-bit scatter-add, which XLA's CPU backend widens to a fresh float32 buffer
+    the size of the logits (a write and a read of twice their size, more than a
+    cross-entropy's whole backward pass adds). Forward mode pays a pass over the
+    vocabulary per id instead. Both are exact: one term of each sum is not 0."""
+    column = jax.lax.broadcasted_iota(jnp.int32, t.shape, t.ndim - 1)
+    wide = t.astype(jnp.float32)
+    sums = [jnp.sum(jnp.where(column == ids[i], wide, 0.0), axis=-1) for i in range(ids.shape[0])]
+    return jnp.stack(sums, axis=-1).astype(t.dtype)
 
 
 def _shift_right(x, fill):
