@@ -218,8 +218,9 @@ def number_mass(logits, number_logits, number_tokens: NumberTokens, keep=None):
     over the total) is accurate to a few float32 ulps even when the logits are large;
     `rest` (the difference of the two sums over their total) to a few ulps of 1, not of
     itself. With 16-bit logits both carry the 16-bit rounding of each exponential's
-    argument and value (a relative 2^-8 per term for bfloat16), as the caller's
-    cross-entropy does: the error of the logits' own rounding.
+    argument and value (at most a relative u (1 + |logit - max|) per term, u = 2^-8
+    for bfloat16), as the caller's cross-entropy does: the error of the logits' own
+    rounding.
     """
     shift = jnp.max(logits, axis=-1, initial=-jnp.inf)
     shift = jax.lax.stop_gradient(jax.lax.select(jnp.isfinite(shift), shift, jnp.zeros_like(shift)))
