@@ -330,14 +330,9 @@ def test_runs_from_before_the_fused_loss_say_how_to_repeat_them():
     assert "--no-fused-loss" not in results_table.render(tiny_result())
 
 
-def test_against_pairs_every_loss_with_another_baseline_by_seed(capsys):
-    import pathlib
-    import subprocess
-    import sys
-
+def test_against_pairs_every_loss_with_another_baseline_by_seed():
     stats = pytest.importorskip("scipy.stats")
-    root = pathlib.Path(__file__).resolve().parents[2]
-    path = root / "docs" / "results" / "diabetes.json"
+    path = ROOT / "docs" / "results" / "diabetes.json"
     result = results_table.load(str(path))
     shown = results_table.against(result, "regression-head")
     metric = "test_interpolate/rmse"
@@ -353,8 +348,8 @@ def test_against_pairs_every_loss_with_another_baseline_by_seed(capsys):
     assert result["paired"]["ntl-mse"][metric]["baseline"] == "ce"  # the file itself is unchanged
     with pytest.raises(results_table.ResultsError, match="expected a baseline among the runs' losses .*got 'head'"):
         results_table.against(result, "head")
-    script = [sys.executable, str(root / "scripts" / "render_results.py"), "--show", str(path)]
-    out = subprocess.run(script + ["--against", "regression-head"], capture_output=True, text=True, check=True).stdout
-    assert "| ntl-mse − regression-head | interpolate/rmse ↓ |" in out
-    bad = subprocess.run(script + ["--against", "head"], capture_output=True, text=True)
+    shown_by_script = _script("--show", path, "--against", "regression-head")
+    assert shown_by_script.returncode == 0, shown_by_script.stderr
+    assert "| ntl-mse − regression-head | interpolate/rmse ↓ |" in shown_by_script.stdout
+    bad = _script("--show", path, "--against", "head")
     assert bad.returncode == 2 and "got 'head'" in bad.stderr
