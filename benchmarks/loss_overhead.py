@@ -14,7 +14,13 @@ and, when `ntloss` and `torch` are installed, the same objectives written with t
 cross-entropy + ntloss 0.3.2 (`NTLoss`, `NTLossDotProduct`, `NumberLevelLoss`, reweigh
 matching), forward+backward with autograd. All variants of one shape/dtype run
 interleaved (round-robin, start rotated every round) so load changes on a shared machine
-hit them alike; each row reports the median over rounds of the per-round time ratio.
+hit them alike; each row reports the median over rounds of the per-round time ratio and
+a distribution-free 95% interval for that median (order statistics of the ratios).
+
+Each table also times its reference a second time, compiled on its own: the row
+`<reference> (again)` runs the identical program, so its ratio and interval show what
+the machine's noise alone does to a ratio. A variant whose interval lies within that
+row's is indistinguishable from the reference here.
 
 Standalone ("optax CE + standalone loss"): the losses as many users call them, inside
 their own step next to their own cross-entropy, with a weights mask (about 10% zeros):
@@ -46,6 +52,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -165,6 +172,7 @@ def jax_variants(number_tokens, kinds=KINDS) -> dict[str, Callable]:
 
     variants = {
         "ce": objective("none", False),
+        "ce (again)": objective("none", False),
         "optax_ce": lambda logits, targets: jnp.sum(
             optax.softmax_cross_entropy_with_integer_labels(logits, targets)
         ),
@@ -204,7 +212,7 @@ def standalone_variants(number_tokens, kinds=KINDS) -> dict[str, Callable]:
 
         return loss
 
-    variants = {"optax_ce": ce}
+    variants = {"optax_ce": ce, "optax_ce (again)": ce}
     for kind in kinds:
         for reweigh in (False, True):
             variants[kind + ("+rw" if reweigh else "")] = plus(kind, reweigh)
@@ -306,6 +314,32 @@ def ratio_quartiles(num: Runner, den: Runner) -> list[float] | None:
     return [q1, q3]
 
 
+def median_interval(ratios, confidence=0.95) -> list[float] | None:
+    """A distribution-free interval for the median of `ratios`: the order statistics
+    `k` and `n + 1 - k` (1-based), `k` the largest with P(Binomial(n, 1/2) < k) <= (1 -
+    confidence) / 2, so its coverage is at least `confidence` whatever the ratios'
+    distribution. None when there are too few (under 6 rounds at 95%)."""
+    n = len(ratios)
+    alpha = (1.0 - confidence) / 2
+    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) < k + 1)
+    while k < n // 2:
+        below += math.comb(n, k) / 2**n
+        if below > alpha:
+            break
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(ratios)
+    return [ordered[k - 1], ordered[n - k]]
+
+
+def ratio_interval(num: Runner, den: Runner) -> list[float] | None:
+    """`median_interval` of the per-round ratios num/den."""
+    if num.error or den.error:
+        return None
+    return median_interval([a / b for a, b in zip(num.times, den.times)])
+
+
 # Runner keys are "<prefix>:<variant>"; one prefix per table (and one for torch + ntloss).
 PREFIX = {"objective": "jax", "standalone": "std"}
 
@@ -405,6 +439,7 @@ def table_rows(usage, runners, peaks, repeats) -> list[dict]:
             "reference": ref.name,
             "time_ratio": median_ratio(runner, ref),
             "time_ratio_quartiles": ratio_quartiles(runner, ref),
+            "time_ratio_ci95": ratio_interval(runner, ref),
             "median_ms": statistics.median(runner.times) * 1e3 if runner.times else None,
             "peak_ratio": None if peak is None or not ref_peak else peak / ref_peak,
             "peak_bytes": peak,
@@ -425,10 +460,10 @@ def format_table(shape, dtype_name, runners, peaks, repeats, usage="objective") 
     with_torch = usage == "objective" and "ntloss:ce" in runners
     if usage == "objective":
         title = f"### logits {list(shape)} {dtype_name} ({repeats} rounds)"
-        header = ["variant", "time / CE", "median ms", "peak mem / CE", "peak MiB"]
+        header = ["variant", "time / CE", "95% interval", "median ms", "peak mem / CE", "peak MiB"]
     else:
         title = f"### optax CE + standalone loss: logits {list(shape)} {dtype_name} ({repeats} rounds)"
-        header = ["variant", "time / optax CE", "median ms", "peak mem / optax CE", "peak MiB"]
+        header = ["variant", "time / optax CE", "95% interval", "median ms", "peak mem / optax CE", "peak MiB"]
     if with_torch:
         header += ["torch(+ntloss) ms", "torch(+ntloss) / ntl_jax"]
     lines = [
@@ -438,10 +473,11 @@ def format_table(shape, dtype_name, runners, peaks, repeats, usage="objective") 
         "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
     ]
     for row in rows:
-        ratio, ms, peak = row["time_ratio"], row["median_ms"], row["peak_bytes"]
+        ratio, ms, peak, interval = row["time_ratio"], row["median_ms"], row["peak_bytes"], row["time_ratio_ci95"]
         cells = [
             row["variant"],
             "—" if ratio is None else f"{ratio:.3f}",
+            "—" if interval is None else f"{interval[0]:.3f}–{interval[1]:.3f}",
             "nan" if ms is None else f"{ms:.1f}",
             "n/a" if row["peak_ratio"] is None else f"{row['peak_ratio']:.3f}",
             "n/a" if peak is None else f"{peak / 2**20:.1f}",
@@ -563,8 +599,11 @@ def run(argv=None) -> int:
     noun = "number tokens" if llama3 else "digits"
     print(f"- {int(DIGIT_SHARE * 100)}% of targets are {noun}; time ratios"
           + (" (and torch / ntl_jax)" if with_ntloss else "")
-          + " are medians of per-round ratios; every round runs all variants"
-          + (" (of all tables)" if len(usages) > 1 else "") + " once in a fresh random order")
+          + " are medians of per-round ratios, with a distribution-free 95% interval for the median;"
+          + " every round runs all variants" + (" (of all tables)" if len(usages) > 1 else "")
+          + " once in a fresh random order")
+    print("- `<reference> (again)`: the reference compiled a second time, the same program: its ratio is"
+          " the machine's noise alone")
     if "objective" in usages:
         print(f"- objective table: cross_entropy_and_ntl, CE (sum) + {NTL_WEIGHT} x NTL (sum), vs "
               'ntl_kind="none"')

@@ -20,8 +20,8 @@ pytest.importorskip("optax")
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "loss_overhead.py"
 NTL_VARIANTS = [kind + suffix for kind in ("was", "mse", "mae", "huber", "number_level") for suffix in ("", "+rw")]
-VARIANTS = ["ce", "optax_ce"] + NTL_VARIANTS
-STANDALONE_VARIANTS = ["optax_ce"] + NTL_VARIANTS
+VARIANTS = ["ce", "ce (again)", "optax_ce"] + NTL_VARIANTS
+STANDALONE_VARIANTS = ["optax_ce", "optax_ce (again)"] + NTL_VARIANTS
 OBJECTIVE_TITLE = "### logits [2, 8, 64] f32 (2 rounds)"
 STANDALONE_TITLE = "### optax CE + standalone loss: logits [2, 8, 64] f32 (2 rounds)"
 
@@ -66,20 +66,24 @@ def test_quick_run_prints_a_row_per_variant(tmp_path):
     rows = tables[OBJECTIVE_TITLE]
     assert list(rows) == VARIANTS
     assert rows["ce"][0] == "1.000"  # time / CE of CE itself
-    assert rows["ce"][2] == "1.000"  # peak memory / CE of CE itself
+    assert rows["ce"][1] == "—"  # two rounds are too few for a 95% interval
+    assert rows["ce"][3] == "1.000"  # peak memory / CE of CE itself
+    assert rows["ce (again)"][3] == "1.000"  # the same program, compiled again
     for name, cells in rows.items():
-        assert len(cells) == (6 if with_ntloss else 4), (name, cells)
-        assert float(cells[0]) > 0 and float(cells[1]) > 0 and float(cells[2]) > 0
-        if with_ntloss and name != "optax_ce":  # optax has no torch counterpart
-            assert float(cells[4]) > 0 and float(cells[5]) > 0, (name, cells)
+        assert len(cells) == (7 if with_ntloss else 5), (name, cells)
+        assert float(cells[0]) > 0 and float(cells[2]) > 0 and float(cells[3]) > 0
+        if with_ntloss and name not in ("optax_ce", "ce (again)"):  # no torch counterpart
+            assert float(cells[5]) > 0 and float(cells[6]) > 0, (name, cells)
 
-    assert "| variant | time / optax CE | median ms | peak mem / optax CE | peak MiB |" in result.stdout
+    assert ("| variant | time / optax CE | 95% interval | median ms | peak mem / optax CE | peak MiB |"
+            in result.stdout)
     rows = tables[STANDALONE_TITLE]
     assert list(rows) == STANDALONE_VARIANTS
-    assert rows["optax_ce"][0] == "1.000" and rows["optax_ce"][2] == "1.000"
+    assert rows["optax_ce"][0] == "1.000" and rows["optax_ce"][3] == "1.000"
+    assert rows["optax_ce (again)"][3] == "1.000"
     for name, cells in rows.items():
-        assert len(cells) == 4, (name, cells)  # no torch columns
-        assert float(cells[0]) > 0 and float(cells[1]) > 0 and float(cells[2]) > 0
+        assert len(cells) == 5, (name, cells)  # no torch columns
+        assert float(cells[0]) > 0 and float(cells[2]) > 0 and float(cells[3]) > 0
 
     written = json.loads(out.read_text())
     assert [(r["usage"], r["variant"]) for r in written["rows"]] == (
@@ -87,7 +91,38 @@ def test_quick_run_prints_a_row_per_variant(tmp_path):
     for row in written["rows"]:
         assert row["shape"] == "2x8x64" and row["dtype"] == "f32" and row["rounds"] == 2
         assert row["time_ratio"] > 0 and row["median_ms"] > 0 and row["peak_ratio"] > 0
+        assert row["time_ratio_ci95"] is None  # two rounds
         assert row["date"] and row["jax"] and row["machine"]
+
+
+def _load(name):
+    import importlib.util
+
+    sys.path.insert(0, str(SCRIPT.parent))  # loss_overhead imports its sibling vocabularies
+    try:
+        spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while it runs
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return module
+
+
+@pytest.mark.parametrize("n", [6, 7, 10, 13, 29, 30, 60])
+def test_median_interval_is_scipys_distribution_free_interval(n):
+    stats = pytest.importorskip("scipy.stats")
+    import numpy as np
+
+    ratios = np.random.default_rng(n).lognormal(0.0, 0.1, n).tolist()
+    expected = stats.quantile_test(ratios, q=float(np.median(ratios)), p=0.5).confidence_interval(0.95)
+    assert _load("loss_overhead").median_interval(ratios) == [expected.low, expected.high]
+
+
+def test_median_interval_needs_six_rounds_at_95_percent():
+    median_interval = _load("loss_overhead").median_interval
+    assert median_interval([1.0, 1.1, 0.9, 1.2, 0.8]) is None
+    assert median_interval([1.0, 1.1, 0.9, 1.2, 0.8, 1.05]) == [0.8, 1.2]  # 2 x 2^-6 < 0.05
 
 
 def test_bad_shape_is_rejected():
@@ -109,11 +144,7 @@ def test_llama3_vocabulary_too_small_or_unknown_kind_is_rejected():
 def test_llama3_table_holds_every_piece_of_one_to_three_digits():
     """1,110 number tokens: 0-999 once, 0-9 three times ("7", "07", "007") and 10-99 twice
     ("42", "042"); digits at LLaMA-3's ids 15-24, "." at 13, the rest scattered."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vocabularies", SCRIPT.parent / "vocabularies.py")
-    vocabularies = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vocabularies)
+    vocabularies = _load("vocabularies")
     pieces = vocabularies.llama3_pieces()
     nt = vocabularies.llama3_number_tokens()
     assert len(pieces) == nt.vocab_size == 128_256
@@ -147,8 +178,8 @@ def test_quick_run_with_the_llama3_table(tmp_path):
     objective, standalone = "### logits [2, 8, 128256] f32 (2 rounds)", \
         "### optax CE + standalone loss: logits [2, 8, 128256] f32 (2 rounds)"
     assert list(tables) == [objective, standalone]
-    assert list(tables[objective]) == ["ce", "optax_ce", "was", "was+rw", "mse", "mse+rw"]
-    assert list(tables[standalone]) == ["optax_ce", "was", "was+rw", "mse", "mse+rw"]
+    assert list(tables[objective]) == ["ce", "ce (again)", "optax_ce", "was", "was+rw", "mse", "mse+rw"]
+    assert list(tables[standalone]) == ["optax_ce", "optax_ce (again)", "was", "was+rw", "mse", "mse+rw"]
     written = json.loads(out.read_text())
     assert written["vocab"] == "llama3" and "--vocab llama3" in written["command"]
     for row in written["rows"]:
