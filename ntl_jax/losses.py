@@ -35,6 +35,7 @@ assumed finite and non-negative.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Callable, Literal, NamedTuple
@@ -222,8 +223,7 @@ def number_mass(logits, number_logits, number_tokens: NumberTokens, keep=None):
     for bfloat16), as the caller's cross-entropy does: the error of the logits' own
     rounding.
     """
-    shift = jnp.max(logits, axis=-1, initial=-jnp.inf)
-    shift = jax.lax.stop_gradient(jax.lax.select(jnp.isfinite(shift), shift, jnp.zeros_like(shift)))
+    shift = _shift(logits)
     kept = jnp.ones(shift.shape, bool) if keep is None else keep
     total = _exp_sum(logits, jax.lax.expand_dims(shift, (logits.ndim - 1,)), kept)
     # Ignored positions: their number logits are 0, so a shift of 0 keeps them finite.
@@ -243,28 +243,40 @@ def _exp(logits, shift):
     return jnp.exp(logits - shift.astype(logits.dtype)).astype(jnp.float32)
 
 
-@jax.custom_vjp
+@jax.custom_jvp
 def _exp_sum(logits, shift, keep):
     """`sum(exp(logits - shift))` over the last axis at the positions `keep`
     (`[batch, length]` bool), 0 elsewhere, in float32, written as `jax.nn.logsumexp`
-    writes it. The gradient is one elementwise expression, fused with the caller's
-    other logits gradients, in which whatever the logits hold at the positions not
-    kept (NaN, inf) is selected away, in the value as in the gradient."""
-    return _exp_sum_fwd(logits, shift, keep)[0]
+    writes it. The derivative is a JVP rule whose transpose, the gradient, is one
+    elementwise expression, fused with the caller's other logits gradients, in which
+    whatever the logits hold at the positions not kept (NaN, inf) is selected away, in
+    the value as in the gradient."""
+    return jnp.where(keep, jnp.sum(_exp(logits, shift), axis=-1), 0.0)
 
 
-def _exp_sum_fwd(logits, shift, keep):
-    return jnp.where(keep, jnp.sum(_exp(logits, shift), axis=-1), 0.0), (logits, shift, keep)
-
-
-def _exp_sum_bwd(residuals, g):
-    logits, shift, keep = residuals
-    d_logits = jnp.where(keep[..., None], g[..., None] * _exp(logits, shift), 0.0)
+@_exp_sum.defjvp
+def _exp_sum_jvp(primals, tangents):
+    logits, shift, keep = primals
     # The shift is a stop-gradient constant; `keep` is boolean.
-    return d_logits.astype(logits.dtype), jnp.zeros_like(shift), None
+    weight = jnp.where(keep[..., None], _exp(logits, shift), 0.0)
+    return _exp_sum(logits, shift, keep), jnp.sum(weight * tangents[0].astype(jnp.float32), axis=-1)
 
 
-_exp_sum.defvjp(_exp_sum_fwd, _exp_sum_bwd)
+def log_normalizer(logits, keep):
+    """`logsumexp(logits)` over the last axis in float32, `[batch, length]`, 0 where
+    `keep` (`[batch, length]` bool) is False: the value and gradient of
+    `jax.nn.logsumexp` at the kept positions, while whatever the logits hold elsewhere
+    (NaN, inf) reaches neither, without a pass over the logits to sanitise them."""
+    shift = _shift(logits)
+    total = _exp_sum(logits, jax.lax.expand_dims(shift, (logits.ndim - 1,)), keep)
+    return jnp.where(keep, shift.astype(jnp.float32) + jnp.log(jnp.where(keep, total, 1.0)), 0.0)
+
+
+def _shift(logits):
+    """The largest logit of each position (0 where it is not finite), a constant to
+    the gradient: the shift `jax.nn.logsumexp` takes."""
+    shift = jnp.max(logits, axis=-1, initial=-jnp.inf)
+    return jax.lax.stop_gradient(jax.lax.select(jnp.isfinite(shift), shift, jnp.zeros_like(shift)))
 
 
 def number_token_mask(number_tokens: NumberTokens, vocab_size: int):
@@ -285,11 +297,18 @@ def reduce_loss(loss, counted, weights, reduction: str):
     return total / jnp.maximum(jnp.sum(w), _EPS)
 
 
-def number_logits(logits, number_tokens: NumberTokens, keep=None):
+def number_logits(logits, number_tokens: NumberTokens, keep=None, *, fuse_gradient=False):
     """The logits of the number tokens, `[batch, length, N]` float32; 0 where `keep`
     (`[batch, length]` bool, optional) is False. The columns are taken before any
-    arithmetic, so only they are converted and sanitised."""
-    columns = _take_columns(logits, jnp.asarray(number_tokens.ids)).astype(jnp.float32)
+    arithmetic, so only they are converted and sanitised.
+
+    `fuse_gradient=True` writes the columns' gradient as selects that XLA fuses into
+    the caller's other logits gradients (see `_columns_tangent_cpu`) for float32
+    logits too, on the CPU with few number tokens: for a caller whose gradient is
+    otherwise all elementwise, where `take`'s scatter would need a buffer of its own.
+    Next to a cross-entropy that scatters its target into a float32 buffer, `take`'s
+    scatter adds to that one in place, so the default keeps it."""
+    columns = _take_columns(logits, jnp.asarray(number_tokens.ids), fuse_gradient).astype(jnp.float32)
     return columns if keep is None else jnp.where(keep[..., None], columns, 0.0)
 
 
@@ -301,40 +320,60 @@ def number_logits(logits, number_tokens: NumberTokens, keep=None):
 _SELECT_CHAIN_MAX = 24
 
 
-@jax.custom_jvp
-def _take_columns(logits, ids):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _take_columns(logits, ids, fuse_gradient=False):
     """`jnp.take(logits, ids, axis=-1)`: the `N` columns `ids`. Its derivative is
-    `take`'s own except for 16-bit logits on the CPU with few ids (see
-    `_columns_tangent_cpu`); every mode of differentiation works."""
+    `take`'s own except on the CPU with few ids for 16-bit logits, or any logits with
+    `fuse_gradient` (see `_columns_tangent_cpu`); every mode of differentiation works."""
     return jnp.take(logits, ids, axis=-1)
 
 
 @_take_columns.defjvp
-def _take_columns_jvp(primals, tangents):
+def _take_columns_jvp(fuse_gradient, primals, tangents):
     logits, ids = primals
     logits_dot, _ = tangents
-    out = _take_columns(logits, ids)
+    out = _take_columns(logits, ids, fuse_gradient)
 
     def take(t, ids):
         return jnp.take(t, ids, axis=-1)
 
-    if jnp.dtype(logits.dtype).itemsize != 2 or ids.shape[0] > _SELECT_CHAIN_MAX:
+    fuse = fuse_gradient or jnp.dtype(logits.dtype).itemsize == 2
+    if not fuse or ids.shape[0] > _SELECT_CHAIN_MAX:
         return out, take(logits_dot, ids)
     return out, jax.lax.platform_dependent(logits_dot, ids, cpu=_columns_tangent_cpu, default=take)
 
 
 def _columns_tangent_cpu(t, ids):
-    """`jnp.take(t, ids, axis=-1)` for 16-bit `t`, written as masked sums over the
-    vocabulary so that its transpose, the columns' gradient in reverse mode, is a sum
-    of selects in float32 that XLA fuses into the caller's gradient. `take`'s transpose
-    is a 16-bit scatter-add, which XLA's CPU backend widens to a fresh float32 buffer
-    the size of the logits (a write and a read of twice their size, more than a
-    cross-entropy's whole backward pass adds). Forward mode pays a pass over the
-    vocabulary per id instead. Both are exact: one term of each sum is not 0."""
+    """`jnp.take(t, ids, axis=-1)`, written as masked sums over the vocabulary so that
+    its transpose, the columns' gradient in reverse mode, is a sum of selects in
+    float32 that XLA fuses into the caller's gradient. `take`'s transpose is a
+    scatter-add into a buffer the size of the logits; for 16-bit logits XLA's CPU
+    backend widens it to a fresh float32 buffer (a write and a read of twice their
+    size, more than a cross-entropy's whole backward pass adds). Forward mode pays a
+    pass over the vocabulary per id instead. Both are exact: one term of each sum is
+    not 0."""
     column = jax.lax.broadcasted_iota(jnp.int32, t.shape, t.ndim - 1)
     wide = t.astype(jnp.float32)
     sums = [jnp.sum(jnp.where(column == ids[i], wide, 0.0), axis=-1) for i in range(ids.shape[0])]
     return jnp.stack(sums, axis=-1).astype(t.dtype)
+
+
+@jax.custom_jvp
+def take_target_logit(logits, ids):
+    """`logits[..., ids]` at every position, in float32: `ids` `[batch, length]` in
+    `[0, vocab)`. Its gradient is a select (`ids` compared with the column index) that
+    XLA fuses into the caller's other logits gradients, where `take_along_axis`'s
+    scatter would need a buffer the size of the logits (on XLA's CPU backend a float32
+    one when they are 16-bit). Forward mode pays a pass over the vocabulary instead."""
+    return jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0].astype(jnp.float32)
+
+
+@take_target_logit.defjvp
+def _take_target_logit_jvp(primals, tangents):
+    logits, ids = primals
+    column = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    tangent = jnp.sum(jnp.where(column == ids[..., None], tangents[0].astype(jnp.float32), 0.0), axis=-1)
+    return take_target_logit(logits, ids), tangent
 
 
 def _shift_right(x, fill):

@@ -182,8 +182,7 @@ class HeadStats(NamedTuple):
 def _target_logit(logits, targets):
     vocab = logits.shape[-1]
     in_vocab = (targets >= 0) & (targets < vocab)
-    target_logit = jnp.take_along_axis(logits, jnp.where(in_vocab, targets, 0)[..., None], axis=-1)[..., 0]
-    return jnp.where(in_vocab, target_logit.astype(jnp.float32), 0.0)
+    return jnp.where(in_vocab, losses.take_target_logit(logits, jnp.where(in_vocab, targets, 0)), 0.0)
 
 
 def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_smoothing, z_loss, label=None):
@@ -213,21 +212,37 @@ def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_s
     return ce + z_term, z_term
 
 
-def head_stats(logits, targets, number_tokens, *, label_smoothing, reweigh, with_numbers=True,
+def head_stats(logits, targets, keep, number_tokens, *, label_smoothing, reweigh, with_numbers=True,
                log_normalizer=None):
-    """`HeadStats` of (sanitised, float32) logits; `with_numbers=False` leaves out the
+    """`HeadStats` of the logits (any float dtype) at the positions `keep` (`[batch,
+    length]` bool; the targets -1 elsewhere); `with_numbers=False` leaves out the
     number tokens' logits (cross-entropy only). `log_normalizer` may be given; else it
-    is computed, with reweigh from the same sums as the number mass."""
-    columns = losses.number_logits(logits, number_tokens) if with_numbers or reweigh else None
+    is computed, with reweigh from the same sums as the number mass.
+
+    Every statistic reads the logits widened to float32, a conversion XLA fuses into
+    each pass rather than a copy, so the gradients of all of them add up in float32 and
+    are rounded to the logits' dtype once. Whatever the logits hold at the positions
+    not kept (NaN, inf) reaches no statistic and no gradient: each statistic is masked
+    where it is `[batch, length]` or `[batch, length, N]`, and the gradients that read
+    the logits (the normaliser's) select it away. Each gradient is elementwise (the
+    target's and, on the CPU with few number tokens, the number columns' are selects),
+    so XLA computes the whole logits gradient in one fused pass."""
+    wide = logits.astype(jnp.float32)
+    columns = None
+    if with_numbers or reweigh:
+        columns = losses.number_logits(wide, number_tokens, keep, fuse_gradient=True)
     masses = None
     if reweigh:
-        log_normalizer, masses = losses.number_mass(logits, columns, number_tokens)
+        log_normalizer, masses = losses.number_mass(wide, columns, number_tokens, keep)
+        log_normalizer = jnp.where(keep, log_normalizer, 0.0)
     elif log_normalizer is None:
-        log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+        log_normalizer = losses.log_normalizer(wide, keep)
+    # The sum's gradient does not read the logits, so masking its value is enough.
+    logit_sum = jnp.where(keep, jnp.sum(wide, axis=-1), 0.0) if label_smoothing > 0 else None
     return HeadStats(
         log_normalizer=log_normalizer,
-        target_logit=_target_logit(logits, targets),
-        logit_sum=jnp.sum(logits, axis=-1) if label_smoothing > 0 else None,
+        target_logit=_target_logit(wide, targets),
+        logit_sum=logit_sum,
         number_logits=columns if with_numbers else None,
         masses=masses,
     )
@@ -286,13 +301,10 @@ def weighted_cross_entropy(
     if weights is not None:
         keep &= weights != 0
     weights = jnp.where(keep, 1.0 if weights is None else weights, 0.0)
-    logits = jnp.where(keep[..., None], logits, jnp.zeros((), logits.dtype)).astype(jnp.float32)
-    if log_normalizer is None:
-        log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-    else:
+    if log_normalizer is not None:
         log_normalizer = jnp.where(keep, log_normalizer, 0.0)
-    head = head_stats(logits, targets, None, log_normalizer=log_normalizer, label_smoothing=label_smoothing,
-                       reweigh=False, with_numbers=False)
+    head = head_stats(logits, jnp.where(keep, targets, -1), keep, None, log_normalizer=log_normalizer,
+                      label_smoothing=label_smoothing, reweigh=False, with_numbers=False)
     return _weighted_cross_entropy_sums(
         head, targets, weights, vocab, label_smoothing=label_smoothing, z_loss=z_loss,
         loss_normalizing_factor=loss_normalizing_factor,
@@ -406,15 +418,12 @@ def logits_head_stats(logits, targets, weights, number_tokens: NumberTokens, *, 
                       with_numbers=True):
     """`(HeadStats, targets)` of checked logits under resolved `weights`, the targets -1
     at ignored positions (weight 0, or outside the logits' vocabulary)."""
-    # Ignored positions: logits zeroed before any arithmetic, so NaN or inf there reach
-    # neither the loss nor the gradient; their targets become -1 (no number, no digit).
+    # Ignored positions: their targets become -1 (no number, no digit), and NaN or inf
+    # in their logits reach neither the loss nor the gradient (see `head_stats`).
     keep, targets = losses.keep_positions(targets, weights, jnp.shape(logits)[-1])
-    # One float32 copy of the logits, so every term's gradient accumulates into a single
-    # buffer (with bf16 logits, separate casts cost a third more memory), and one
-    # full-vocabulary normaliser for cross-entropy, z-loss and reweigh.
-    logits = jnp.where(keep[..., None], logits, jnp.zeros((), logits.dtype)).astype(jnp.float32)
     head = head_stats(
-        logits, targets, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh, with_numbers=with_numbers,
+        logits, targets, keep, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
+        with_numbers=with_numbers,
     )
     return head, targets
 

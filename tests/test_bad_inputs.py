@@ -270,6 +270,44 @@ def test_ignored_positions_contribute_exactly_zero(garbage, kind, factor):
     assert float(jnp.abs(jnp.where(KEEP[..., None], 0.0, grads)).max()) == 0.0
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("garbage", GARBAGE, ids=[g[0] for g in GARBAGE])
+def test_ignored_positions_contribute_exactly_zero_with_smoothing_and_reweigh(garbage, dtype):
+    """The statistics that read every logit (the normaliser, reweigh's mass, label
+    smoothing's sum) are masked per position, not by sanitising the logits: garbage at
+    ignored positions still reaches neither the loss nor the gradient, in 16 bits too."""
+    _, spoil_logits, spoil_targets = garbage
+    logits = spoil_logits(LOGITS.astype(dtype))
+    targets = spoil_targets(jnp.where(KEEP, CLEAN_TARGETS, 0))
+    weights = jnp.asarray(KEEP, jnp.float32)
+    if garbage[0] == "ids outside vocab":
+        weights = jnp.asarray(KEEP.at[1, 3:].set(True), jnp.float32)
+        targets = targets.at[1, 5:].set(V + 7)
+    options = dict(z_loss=1e-4, label_smoothing=0.1, reweigh=True)
+
+    def fn(l):
+        return objective(logits=l, targets=targets, weights=weights, ntl_kind="was", **options)[0]
+
+    clean = LOGITS.astype(dtype)
+    want = sum(float(objective(logits=clean[row:row + 1, :n], targets=CLEAN_TARGETS[row:row + 1, :n],
+                               ntl_kind="was", **options)[0]) for row, n in ((0, 4), (1, 3)))
+    np.testing.assert_allclose(float(fn(logits)), want, rtol=2e-5)
+    grads = jax.grad(fn)(logits)
+    assert grads.dtype == dtype and np.isfinite(np.asarray(grads, np.float32)).all()
+    assert float(jnp.abs(jnp.where(KEEP[..., None], 0.0, grads)).max()) == 0.0
+
+    def ce(l):
+        return ntl_jax.weighted_cross_entropy(l, targets, weights=weights, label_smoothing=0.1, z_loss=1e-4)[0]
+
+    want = sum(float(ntl_jax.weighted_cross_entropy(clean[row:row + 1, :n], CLEAN_TARGETS[row:row + 1, :n],
+                                                    label_smoothing=0.1, z_loss=1e-4)[0])
+               for row, n in ((0, 4), (1, 3)))
+    np.testing.assert_allclose(float(ce(logits)), want, rtol=2e-5)
+    grads = jax.grad(ce)(logits)
+    assert np.isfinite(np.asarray(grads, np.float32)).all()
+    assert float(jnp.abs(jnp.where(KEEP[..., None], 0.0, grads)).max()) == 0.0
+
+
 @pytest.mark.parametrize("factor", [None, "NUM_REAL_TARGET_TOKENS"])
 @pytest.mark.parametrize("garbage", GARBAGE, ids=[g[0] for g in GARBAGE])
 def test_ignored_positions_contribute_exactly_zero_under_gaussian_smoothing(garbage, factor):

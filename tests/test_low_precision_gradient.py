@@ -100,6 +100,53 @@ def test_16_bit_gradient_is_the_rounded_float32_gradient(count, dtype):
     assert np.all(np.asarray(grad, np.float32)[..., off_numbers] == 0)
 
 
+OBJECTIVE_OPTIONS = [dict(ntl_kind="none", label_smoothing=0.1), dict(ntl_kind="was", reweigh=True),
+                     dict(ntl_kind="mse", label_smoothing=0.1), dict(ntl_kind="number_level", reweigh=True)]
+
+
+@pytest.mark.parametrize("count", [10, 120])  # the sum of selects; take's scatter
+@pytest.mark.parametrize("options", OBJECTIVE_OPTIONS, ids=lambda o: "-".join(map(str, o.values())))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_16_bit_objective_gradient_is_the_rounded_float32_gradient(count, options, dtype):
+    """`cross_entropy_and_ntl`: every term's gradient (normaliser, target, label
+    smoothing, number columns, reweigh's mass) adds up in float32 and is rounded to the
+    logits' dtype once, and the loss is the float32 one of the widened logits."""
+    nt, logits, targets, weights = problem(count)
+
+    def f(x):
+        return ntl_jax.cross_entropy_and_ntl(x, targets, nt, weights=weights, z_loss=1e-4, **options)[0]
+
+    value, grad = jax.jit(jax.value_and_grad(f))(logits.astype(dtype))
+    want_value, want = jax.value_and_grad(f)(logits.astype(dtype).astype(jnp.float32))
+    assert grad.dtype == dtype
+    np.testing.assert_allclose(float(value), float(want_value), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad, np.float32), want, rtol=float(jnp.finfo(dtype).eps),
+                               atol=float(jnp.finfo(dtype).smallest_subnormal))
+
+
+@pytest.mark.parametrize("reweigh", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_16_bit_objective_forward_mode_and_hessian(dtype, reweigh):
+    """The objective's custom derivatives (the normaliser's sum, the target's select,
+    the columns') are JVP rules: forward mode gives the reverse-mode Jacobian, and the
+    Hessian is the float32 one of the widened logits, with reweigh too."""
+    nt, logits, targets, weights = problem(10, vocab=40)
+    low = logits[:1, :3].astype(dtype)
+
+    def f(x):
+        return ntl_jax.cross_entropy_and_ntl(x, targets[:1, :3], nt, weights=weights[:1, :3], ntl_kind="mse",
+                                             label_smoothing=0.1, reweigh=reweigh)[0]
+
+    forward, reverse = jax.jacfwd(f)(low), jax.jacrev(f)(low)
+    np.testing.assert_allclose(np.asarray(reverse, np.float32), forward, rtol=float(jnp.finfo(dtype).eps),
+                               atol=float(jnp.finfo(dtype).smallest_subnormal))
+    hessian = jax.jit(jax.hessian(f))(low)
+    want = jax.hessian(f)(low.astype(jnp.float32))
+    scale = float(jnp.max(jnp.abs(want)))
+    np.testing.assert_allclose(np.asarray(hessian, np.float32), want, rtol=float(jnp.finfo(dtype).eps),
+                               atol=scale * float(jnp.finfo(dtype).eps))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_16_bit_forward_mode_and_hessian(dtype):
     """Forward mode gives the reverse-mode Jacobian, and the Hessian is the float32
@@ -148,6 +195,27 @@ def test_cpu_backward_next_to_optax_adds_no_float32_logits_buffer(reweigh):
     extra = compiled_temp_bytes(ce_and_ntl, *args) - compiled_temp_bytes(ce, *args)
     bf16_buffer = batch * length * vocab * 2
     assert extra <= 64 * batch * length * count < bf16_buffer, extra
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA's CPU backend widens 16-bit scatters")
+@pytest.mark.parametrize("kind, reweigh, label_smoothing",
+                         [("none", False, 0.0), ("none", False, 0.1), ("was", False, 0.0), ("was", True, 0.1),
+                          ("mse", True, 0.0)])
+def test_cpu_objective_makes_no_float32_copy_of_16_bit_logits(kind, reweigh, label_smoothing):
+    """`cross_entropy_and_ntl` with bfloat16 logits and ten number tokens compiles to
+    one float32 `[B, L, V]` temporary (the exponentials its sum reads) plus `[B, L,
+    N]`-sized ones. A sanitised float32 copy of the logits made it two, and optax CE's
+    widened target scatter makes it two as well."""
+    batch, length, vocab, count = 4, 16, 4096, 10
+    nt = scattered_table(vocab, count)
+    args = (jnp.zeros((batch, length, vocab), jnp.bfloat16), jnp.zeros((batch, length), jnp.int32))
+
+    def objective(lg, t):
+        return ntl_jax.cross_entropy_and_ntl(lg, t, nt, ntl_kind=kind, reweigh=reweigh,
+                                             label_smoothing=label_smoothing, z_loss=1e-4)[0]
+
+    float32_buffer = batch * length * vocab * 4
+    assert compiled_temp_bytes(objective, *args) <= float32_buffer + 64 * batch * length * count
 
 
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
