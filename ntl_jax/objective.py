@@ -225,12 +225,17 @@ def head_stats(logits, targets, keep, number_tokens, *, label_smoothing, reweigh
     not kept (NaN, inf) reaches no statistic and no gradient: each statistic is masked
     where it is `[batch, length]` or `[batch, length, N]`, and the gradients that read
     the logits (the normaliser's) select it away. Each gradient is elementwise (the
-    target's and, on the CPU with few number tokens, the number columns' are selects),
-    so XLA computes the whole logits gradient in one fused pass."""
+    target's and, for 16-bit logits on the CPU with few number tokens, the number
+    columns' are selects), so XLA computes the whole logits gradient in one fused pass;
+    with float32 logits the columns keep `take`'s scatter, which adds to the gradient's
+    own buffer in place."""
     wide = logits.astype(jnp.float32)
     columns = None
     if with_numbers or reweigh:
-        columns = losses.number_logits(wide, number_tokens, keep, fuse_gradient=True)
+        # 16-bit logits: the float32 gradient is rounded into a 16-bit buffer, so a
+        # scatter would need a float32 one of its own.
+        columns = losses.number_logits(wide, number_tokens, keep,
+                                       fuse_gradient=jnp.dtype(logits.dtype).itemsize == 2)
     masses = None
     if reweigh:
         log_normalizer, masses = losses.number_mass(wide, columns, number_tokens, keep)
