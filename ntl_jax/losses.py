@@ -302,12 +302,13 @@ def number_logits(logits, number_tokens: NumberTokens, keep=None, *, fuse_gradie
     (`[batch, length]` bool, optional) is False. The columns are taken before any
     arithmetic, so only they are converted and sanitised.
 
-    `fuse_gradient=True` writes the columns' gradient as selects that XLA fuses into
-    the caller's other logits gradients (see `_columns_tangent_cpu`) for float32
-    logits too, on the CPU with few number tokens: for a caller whose gradient is
-    otherwise all elementwise, where `take`'s scatter would need a buffer of its own.
-    Next to a cross-entropy that scatters its target into a float32 buffer, `take`'s
-    scatter adds to that one in place, so the default keeps it."""
+    On the CPU with few number tokens, the columns' gradient of 16-bit logits is a sum
+    of selects that XLA fuses into the caller's other logits gradients (see
+    `_columns_tangent_cpu`); `fuse_gradient=True` asks for it with float32 logits too,
+    for a caller whose gradient is otherwise all elementwise and lands in a 16-bit
+    buffer (float32 logits widened from 16-bit ones), where `take`'s scatter would need
+    a float32 buffer of its own. Next to a cross-entropy that scatters its target into a
+    float32 buffer, `take`'s scatter adds to that one in place, so the default keeps it."""
     columns = _take_columns(logits, jnp.asarray(number_tokens.ids), fuse_gradient).astype(jnp.float32)
     return columns if keep is None else jnp.where(keep[..., None], columns, 0.0)
 
