@@ -299,18 +299,25 @@ class Runner:
         self.times.append(time.perf_counter() - start)
 
 
+def round_ratios(num: Runner, den: Runner) -> list[float] | None:
+    """num/den of every round (both timed in it); None if either failed."""
+    if num.error or den.error:
+        return None
+    return [a / b for a, b in zip(num.times, den.times)]
+
+
 def median_ratio(num: Runner, den: Runner) -> float | None:
     """Median over rounds of num/den measured in the same round."""
-    if num.error or den.error or not num.times or not den.times:
-        return None
-    return statistics.median(a / b for a, b in zip(num.times, den.times))
+    ratios = round_ratios(num, den)
+    return statistics.median(ratios) if ratios else None
 
 
 def ratio_quartiles(num: Runner, den: Runner) -> list[float] | None:
     """`[q1, q3]` of the per-round ratios num/den: their spread on a loaded machine."""
-    if num.error or den.error or len(num.times) < 2 or len(den.times) < 2:
+    ratios = round_ratios(num, den)
+    if ratios is None or len(ratios) < 2:
         return None
-    q1, _, q3 = statistics.quantiles([a / b for a, b in zip(num.times, den.times)], n=4)
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
     return [q1, q3]
 
 
@@ -335,9 +342,8 @@ def median_interval(ratios, confidence=0.95) -> list[float] | None:
 
 def ratio_interval(num: Runner, den: Runner) -> list[float] | None:
     """`median_interval` of the per-round ratios num/den."""
-    if num.error or den.error:
-        return None
-    return median_interval([a / b for a, b in zip(num.times, den.times)])
+    ratios = round_ratios(num, den)
+    return None if ratios is None else median_interval(ratios)
 
 
 # Runner keys are "<prefix>:<variant>"; one prefix per table (and one for torch + ntloss).
