@@ -302,13 +302,11 @@ def weighted_cross_entropy(
         losses.check_real("loss_normalizing_factor", loss_normalizing_factor, low=0.0, low_inclusive=False)
     weights = losses.check_weights(weights, jnp.shape(targets))
     vocab = jnp.shape(logits)[-1]
-    keep = (targets >= 0) & (targets < vocab)
-    if weights is not None:
-        keep &= weights != 0
+    keep, kept_targets = losses.keep_positions(targets, weights, vocab)
     weights = jnp.where(keep, 1.0 if weights is None else weights, 0.0)
     if log_normalizer is not None:
         log_normalizer = jnp.where(keep, log_normalizer, 0.0)
-    head = head_stats(logits, jnp.where(keep, targets, -1), keep, None, log_normalizer=log_normalizer,
+    head = head_stats(logits, kept_targets, keep, None, log_normalizer=log_normalizer,
                       label_smoothing=label_smoothing, reweigh=False, with_numbers=False)
     return _weighted_cross_entropy_sums(
         head, targets, weights, vocab, label_smoothing=label_smoothing, z_loss=z_loss,
