@@ -30,6 +30,16 @@ their own step next to their own cross-entropy, with a weights mask (about 10% z
 - `mse`, `mae`, `huber` (and `+rw`): the same with `ntl_jax.ntl_dot(..., loss=kind)`;
 - `number_level` (and `+rw`): the same with `ntl_jax.number_level_loss(...)`.
 
+With `--floors` the standalone table has two more rows, lower bounds for what any NTL
+gradient can cost next to optax's CE on this machine:
+
+- `floor: was, value only`: `optax_ce + 0.3 * ntl_was(stop_gradient(lg), ...)`: NTL's
+  forward pass (the number columns and the `[B, L, N]` work), no NTL gradient at all;
+- `floor: one select`: `optax_ce + 0.3 * mean(losses.take_target_logit(lg, t))`: a
+  gradient of one compare and select per element, fused into optax's. An NTL gradient
+  writes N scattered columns: either N such selects or a scatter-add (which XLA's CPU
+  backend widens to a float32 buffer when the logits are 16-bit).
+
 Targets and weights are arguments of the jitted function (not closed over, which would let
 XLA constant-fold parts of the gradient). With `--usage both`, the variants of both tables
 run interleaved in the same rounds; each table's ratios are against its own reference.
@@ -183,9 +193,11 @@ def jax_variants(number_tokens, kinds=KINDS) -> dict[str, Callable]:
     return variants
 
 
-def standalone_variants(number_tokens, kinds=KINDS) -> dict[str, Callable]:
+def standalone_variants(number_tokens, kinds=KINDS, floors=False) -> dict[str, Callable]:
     """name -> scalar loss(logits, targets, weights): the user's own optax cross-entropy,
-    plus 0.3 x a standalone ntl_jax loss."""
+    plus 0.3 x a standalone ntl_jax loss; with `floors`, two lower bounds for any NTL
+    gradient (see the module docstring)."""
+    import jax
     import jax.numpy as jnp
     import optax
 
@@ -216,6 +228,18 @@ def standalone_variants(number_tokens, kinds=KINDS) -> dict[str, Callable]:
     for kind in kinds:
         for reweigh in (False, True):
             variants[kind + ("+rw" if reweigh else "")] = plus(kind, reweigh)
+    if floors:
+        def value_only(logits, targets, weights):
+            return ce(logits, targets, weights) + NTL_WEIGHT * ntl_jax.ntl_was(
+                jax.lax.stop_gradient(logits), targets, number_tokens, weights=weights, reduction="mean")
+
+        def one_select(logits, targets, weights):
+            # A gradient of one compare and select per element, fused into optax's.
+            return ce(logits, targets, weights) + NTL_WEIGHT * jnp.mean(
+                ntl_jax.losses.take_target_logit(logits, targets))
+
+        variants["floor: was, value only"] = value_only
+        variants["floor: one select"] = one_select
     return variants
 
 
@@ -351,7 +375,7 @@ PREFIX = {"objective": "jax", "standalone": "std"}
 
 
 def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, usages=("objective",),
-                   vocab_kind="t5", kinds=KINDS):
+                   vocab_kind="t5", kinds=KINDS, floors=False):
     """Runners ("jax:<name>", "std:<name>", "ntloss:<name>") timed interleaved, peak bytes
     of the JAX ones (same keys) and the number of rounds."""
     import jax
@@ -369,7 +393,8 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, 
     compile_start = time.perf_counter()
     lowered = {}  # key -> (name, lowered step, its arguments)
     for usage in usages:
-        variants = (jax_variants if usage == "objective" else standalone_variants)(number_tokens, kinds)
+        variants = (jax_variants(number_tokens, kinds) if usage == "objective"
+                    else standalone_variants(number_tokens, kinds, floors))
         args = (logits, targets) if usage == "objective" else (logits, targets, weights)
         for name, fn in variants.items():
             lowered[f"{PREFIX[usage]}:{name}"] = (name, lowered_step(fn, *args), args)
@@ -537,6 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also write every measured row (both tables) to this JSON file")
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny shapes ({QUICK_SHAPES}; {LLAMA3_QUICK_SHAPES} with --vocab llama3) for a smoke run")
+    parser.add_argument("--floors", action="store_true",
+                        help="standalone table: also time two lower bounds for any NTL gradient "
+                             "(NTL's value without its gradient; a one-select gradient)")
     parser.add_argument("--no-ntloss", action="store_true", help="skip the torch + ntloss comparison")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: the CPUs this process may use)")
@@ -613,6 +641,9 @@ def run(argv=None) -> int:
     if "objective" in usages:
         print(f"- objective table: cross_entropy_and_ntl, CE (sum) + {NTL_WEIGHT} x NTL (sum), vs "
               'ntl_kind="none"')
+    if args.floors and "standalone" in usages:
+        print("- `floor:` rows: lower bounds for any NTL gradient here: NTL-WAS's value without its gradient;"
+              " a gradient of one compare and select per element")
     if "standalone" in usages:
         print(f"- standalone table: mean optax CE + {NTL_WEIGHT} x ntl_was / ntl_dot / number_level_loss "
               f'(weights=mask with {int(MASKED_SHARE * 100)}% zeros, reduction="mean") vs mean optax CE; '
@@ -627,7 +658,7 @@ def run(argv=None) -> int:
             log(f"logits {list(shape)} {dtype_name}")
             runners, peaks, repeats = measure_config(
                 shape, dtype_name, repeats, with_ntloss and dtype_name in ntloss_dtypes, log, args.budget,
-                usages, args.vocab, kinds)
+                usages, args.vocab, kinds, args.floors)
             for usage in usages:
                 print(format_table(shape, dtype_name, runners, peaks, repeats, usage) + "\n", flush=True)
                 rows += [{"shape": "x".join(map(str, shape)), "dtype": dtype_name, "vocab": args.vocab, **row,

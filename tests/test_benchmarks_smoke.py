@@ -125,6 +125,34 @@ def test_median_interval_needs_six_rounds_at_95_percent():
     assert median_interval([1.0, 1.1, 0.9, 1.2, 0.8, 1.05]) == [0.8, 1.2]  # 2 x 2^-6 < 0.05
 
 
+def test_floor_variants_are_the_bounds_they_claim():
+    # The value-only floor has NTL-WAS's value and optax CE's gradient; the one-select
+    # floor's gradient is optax CE's plus 0.3 / positions at each target's column.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    bench = _load("loss_overhead")
+    _, number_tokens = bench.vocabulary("t5", 64)
+    logits_np, targets_np = bench.make_inputs((2, 8, 64))
+    logits, targets = jnp.asarray(logits_np), jnp.asarray(targets_np, jnp.int32)
+    weights = jnp.asarray(bench.make_weights((2, 8, 64)))
+    variants = bench.standalone_variants(number_tokens, ("was",), floors=True)
+    assert list(variants)[-2:] == ["floor: was, value only", "floor: one select"]
+    step = {name: jax.value_and_grad(fn) for name, fn in variants.items()}
+    ce, d_ce = step["optax_ce"](logits, targets, weights)
+    was, _ = step["was"](logits, targets, weights)
+    floor, d_floor = step["floor: was, value only"](logits, targets, weights)
+    assert float(was) > float(ce)
+    np.testing.assert_allclose(float(floor), float(was), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(d_floor), np.asarray(d_ce))
+    _, d_select = step["floor: one select"](logits, targets, weights)
+    expected = np.asarray(d_ce).copy()
+    b, t = np.indices(targets_np.shape)
+    expected[b, t, targets_np] += bench.NTL_WEIGHT / targets_np.size
+    np.testing.assert_allclose(np.asarray(d_select), expected, rtol=1e-6, atol=1e-9)
+
+
 def test_bad_shape_is_rejected():
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--shapes", "8x64"], capture_output=True, text=True, timeout=120
