@@ -1,8 +1,11 @@
 """Train-step time with NTL vs cross-entropy only, on the trainer's network.
 
-All variants run interleaved in one process (round-robin, so machine load affects them
-alike); each round times `--steps` jitted steps per variant after compilation. Prints
-the median time per step and the median over rounds of each variant's ratio to CE.
+All variants run interleaved in one process, in a fresh random order every round, so
+machine load affects them alike; each round times `--steps` jitted steps per variant
+after compilation. Prints the median time per step and the median over rounds of each
+variant's ratio to the first one, with a distribution-free 95% interval for that median
+(order statistics, from 6 rounds). The first variant is also compiled and timed a
+second time, `<first> (again)`: the same program, so its ratio is the machine's noise.
 
     python benchmarks/train_step.py                 # tiny preset, the `compare` shapes
     python benchmarks/train_step.py --preset micro --rounds 3 --steps 5   # smoke run
@@ -18,6 +21,7 @@ import time
 
 import jax
 import numpy as np
+from loss_overhead import median_interval
 
 from ntl_jax.train import network, optim
 from ntl_jax.train import step as step_lib
@@ -63,10 +67,10 @@ def main() -> None:
                             args.input_length, args.target_length)
     batch = jax.device_put(batch)
     fused = {"off": [False], "on": [True], "both": [False, True]}[args.fused]
-    variants = [(loss, f) for loss in args.losses for f in fused]
+    variants = [(loss + (" fused" if f else ""), loss, f) for loss in args.losses for f in fused]
+    variants.insert(1, (variants[0][0] + " (again)",) + variants[0][1:])
     steps, states = {}, {}
-    for loss, f in variants:
-        name = loss + (" fused" if f else "")
+    for name, loss, f in variants:
         steps[name] = step_lib.make_train_step(model, optimizer, number_tokens, loss=loss, fused_loss=f)
         states[name] = step_lib.create_train_state(model, optimizer, batch, seed=0)
         for _ in range(2):  # compile and warm up
@@ -75,8 +79,9 @@ def main() -> None:
     names = list(steps)
 
     times = {name: [] for name in names}
+    order = np.random.default_rng(1)
     for _ in range(args.rounds):
-        for name in names:
+        for name in order.permutation(names):
             state = states[name]
             t = time.perf_counter()
             for _ in range(args.steps):
@@ -91,9 +96,11 @@ def main() -> None:
           f"({platform.processor() or platform.machine()})")
     base = times[names[0]]
     for name in names:
-        ratio = statistics.median(t / b for t, b in zip(times[name], base))
+        ratios = [t / b for t, b in zip(times[name], base)]
+        interval = median_interval(ratios)
+        spread = "" if interval is None else f"  95% interval {interval[0]:.3f}-{interval[1]:.3f}"
         print(f"{name:24s} median {1e3 * statistics.median(times[name]):8.2f} ms/step   "
-              f"ratio to {names[0]}: {ratio:.3f}x")
+              f"ratio to {names[0]}: {statistics.median(ratios):.3f}x{spread}")
 
 
 if __name__ == "__main__":

@@ -293,3 +293,19 @@ def test_fused_loss_benchmark_sharded_reports_gathers_and_memory(tmp_path):
         assert row["temp_bytes"] > 0, row
         if row["layout"] == "vocab-parallel":
             assert row["gathered_elements"] == 0, row
+
+
+def test_train_step_benchmark_times_a_noise_row_and_intervals():
+    script = SCRIPT.parent / "train_step.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--preset", "micro", "--losses", "ce", "ntl-was",
+         "--rounds", "6", "--steps", "1"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {line[:24].strip(): line for line in result.stdout.splitlines() if "ms/step" in line}
+    assert list(rows) == ["ce", "ce (again)", "ntl-was"]
+    assert "ratio to ce: 1.000x  95% interval 1.000-1.000" in rows["ce"]
+    for line in rows.values():  # six rounds are enough for a 95% interval
+        low, high = (float(x) for x in line.split("95% interval ")[1].split("-"))
+        assert 0 < low <= high
