@@ -81,6 +81,14 @@ def problem(count, vocab=600, seed=1):
     return nt, logits, targets, weights
 
 
+def rounded_once(dtype):
+    """`assert_allclose` tolerances of a float32 value rounded to `dtype` once: half a
+    unit in the last place (eps / 2 relative, half the smallest subnormal absolute),
+    plus 1e-6 relative for the float32 value itself, computed along another path."""
+    info = jnp.finfo(dtype)
+    return dict(rtol=float(info.eps) / 2 + 1e-6, atol=float(info.smallest_subnormal) / 2)
+
+
 @pytest.mark.parametrize("count", [10, 120])  # the sum of selects; take's scatter
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_16_bit_gradient_is_the_rounded_float32_gradient(count, dtype):
@@ -94,8 +102,7 @@ def test_16_bit_gradient_is_the_rounded_float32_gradient(count, dtype):
     grad = jax.jit(jax.grad(f))(logits.astype(dtype))
     want = jax.grad(f)(logits.astype(dtype).astype(jnp.float32))
     assert grad.dtype == dtype
-    np.testing.assert_allclose(np.asarray(grad, np.float32), want, rtol=float(jnp.finfo(dtype).eps),
-                               atol=float(jnp.finfo(dtype).smallest_subnormal))
+    np.testing.assert_allclose(np.asarray(grad, np.float32), want, **rounded_once(dtype))
     off_numbers = np.setdiff1d(np.arange(logits.shape[-1]), np.asarray(nt.ids))
     assert np.all(np.asarray(grad, np.float32)[..., off_numbers] == 0)
 
@@ -120,8 +127,7 @@ def test_16_bit_objective_gradient_is_the_rounded_float32_gradient(count, option
     want_value, want = jax.value_and_grad(f)(logits.astype(dtype).astype(jnp.float32))
     assert grad.dtype == dtype
     np.testing.assert_allclose(float(value), float(want_value), rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(grad, np.float32), want, rtol=float(jnp.finfo(dtype).eps),
-                               atol=float(jnp.finfo(dtype).smallest_subnormal))
+    np.testing.assert_allclose(np.asarray(grad, np.float32), want, **rounded_once(dtype))
 
 
 @pytest.mark.parametrize("reweigh", [False, True])
@@ -162,13 +168,15 @@ def assert_forward_mode_and_hessian(f, low):
     # gradient to the logits' dtype once.
     forward, reverse = jax.jacfwd(f)(low), jax.jacrev(f)(low)
     assert forward.dtype == jnp.float32 and reverse.dtype == dtype
-    np.testing.assert_allclose(np.asarray(reverse, np.float32), forward, rtol=float(jnp.finfo(dtype).eps),
-                               atol=float(jnp.finfo(dtype).smallest_subnormal))
+    np.testing.assert_allclose(np.asarray(reverse, np.float32), forward, **rounded_once(dtype))
     hessian = jax.jit(jax.hessian(f))(low)
     want = jax.hessian(f)(low.astype(jnp.float32))
+    # Entries that are sums of terms which nearly cancel carry float32 noise of the
+    # size of the largest terms, whichever path computes them.
     scale = float(jnp.max(jnp.abs(want)))
-    np.testing.assert_allclose(np.asarray(hessian, np.float32), want, rtol=float(jnp.finfo(dtype).eps),
-                               atol=scale * float(jnp.finfo(dtype).eps))
+    tolerance = rounded_once(dtype)
+    np.testing.assert_allclose(np.asarray(hessian, np.float32), want, rtol=tolerance["rtol"],
+                               atol=tolerance["atol"] + 1e-6 * scale)
 
 
 def compiled_temp_bytes(fn, *args):
@@ -192,9 +200,10 @@ def test_cpu_backward_next_to_optax_adds_no_float32_logits_buffer(reweigh):
     def ce_and_ntl(lg, t, w):
         return ce(lg, t, w) + 0.3 * ntl_jax.ntl_was(lg, t, nt, weights=w, reweigh=reweigh, reduction="mean")
 
+    # [B, L, N]-sized temporaries only: 64 bytes per position and number token is a
+    # sixth of one bfloat16 [B, L, V] buffer here.
     extra = compiled_temp_bytes(ce_and_ntl, *args) - compiled_temp_bytes(ce, *args)
-    bf16_buffer = batch * length * vocab * 2
-    assert extra <= 64 * batch * length * count < bf16_buffer, extra
+    assert extra <= 64 * batch * length * count, extra
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA's CPU backend widens 16-bit scatters")
@@ -227,8 +236,11 @@ def test_other_platforms_keep_takes_scatter(platform):
     grad = jax.jit(jax.grad(lambda lg, t: ntl_jax.ntl_was(lg, t, nt, reduction="sum")))
 
     def scatters(platforms):
+        """(operand types, result type) of each scatter: its region's closing line."""
         text = jax.export.export(grad, platforms=platforms)(*args).mlir_module()
-        return re.findall(r"stablehlo\.scatter.*\n(?:.*\n)*?.*-> tensor<2x4x512xbf16>", text)
+        return [re.search(r"\}\) : \((.*)\) -> (tensor<[^>]*>)", op).groups()
+                for op in text.split('"stablehlo.scatter"')[1:]]
 
-    assert len(scatters([platform])) == 1
+    assert scatters([platform]) == [
+        ("tensor<2x4x512xbf16>, tensor<10x1xi32>, tensor<2x4x10xbf16>", "tensor<2x4x512xbf16>")]
     assert scatters(["cpu"]) == []
