@@ -223,9 +223,8 @@ def number_mass(logits, number_logits, number_tokens: NumberTokens, keep=None):
     for bfloat16), as the caller's cross-entropy does: the error of the logits' own
     rounding.
     """
-    shift = _shift(logits)
-    kept = jnp.ones(shift.shape, bool) if keep is None else keep
-    total = _exp_sum(logits, jax.lax.expand_dims(shift, (logits.ndim - 1,)), kept)
+    kept = jnp.ones(logits.shape[:-1], bool) if keep is None else keep
+    shift, total = _shift_and_exp_sum(logits, kept)
     # Ignored positions: their number logits are 0, so a shift of 0 keeps them finite.
     shift = jnp.where(kept, shift, jnp.zeros((), shift.dtype))
     # The same rounded exponentials as in the total (number_logits are the logits'
@@ -267,9 +266,15 @@ def log_normalizer(logits, keep):
     `keep` (`[batch, length]` bool) is False: the value and gradient of
     `jax.nn.logsumexp` at the kept positions, while whatever the logits hold elsewhere
     (NaN, inf) reaches neither, without a pass over the logits to sanitise them."""
-    shift = _shift(logits)
-    total = _exp_sum(logits, jax.lax.expand_dims(shift, (logits.ndim - 1,)), keep)
+    shift, total = _shift_and_exp_sum(logits, keep)
     return jnp.where(keep, shift.astype(jnp.float32) + jnp.log(jnp.where(keep, total, 1.0)), 0.0)
+
+
+def _shift_and_exp_sum(logits, keep):
+    """`(shift, total)`, each `[batch, length]`: the shift and the sum of exponentials
+    `jax.nn.logsumexp` computes (`_shift`, `_exp_sum` at the positions `keep`)."""
+    shift = _shift(logits)
+    return shift, _exp_sum(logits, jax.lax.expand_dims(shift, (logits.ndim - 1,)), keep)
 
 
 def _shift(logits):
