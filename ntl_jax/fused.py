@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ntl_jax import losses, objective, vocab_parallel
+from ntl_jax import losses, number_stats, objective, vocab_parallel
 from ntl_jax.number_tokens import NumberTokens
 
 # Default chunk: about this many float32 logits held at a time (32 MiB).
@@ -390,7 +390,7 @@ def fused_cross_entropy_and_ntl(
     )
     head, targets, _ = fused_head_stats(
         hidden, kernel, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        chunk_size=chunk_size,
+        ntl_kind=ntl_kind, squash_factor=squash_factor, gce_sigma=gce_sigma, chunk_size=chunk_size,
         shards=vocab_parallel.vocab_shards(vocab_axis, mesh, jnp.shape(kernel)[1], jnp.shape(hidden)[0]),
     )
     return objective.objective_from_head(
@@ -401,13 +401,16 @@ def fused_cross_entropy_and_ntl(
 
 
 def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberTokens, *, label_smoothing, reweigh,
-                     chunk_size=None, with_top=False, shards: vocab_parallel.VocabShards | None = None):
+                     ntl_kind="none", squash_factor=None, gce_sigma=0.0, chunk_size=None, with_top=False,
+                     shards: vocab_parallel.VocabShards | None = None):
     """`(HeadStats, targets, top_ids)` of the logits `hidden @ kernel` under resolved
     `weights`, streamed over vocabulary chunks (see the module docstring): the targets
     come back -1 at ignored positions (weight 0, or outside the kernel's vocabulary);
     `top_ids` `[batch, length]` is the argmax over the vocabulary with `with_top`,
     else None. With `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over
-    its mesh. Inputs are checked (`check_fused_inputs`).
+    its mesh. Inputs are checked (`check_fused_inputs`). The number statistics hold
+    what `ntl_kind` reads (`"none"`: none), the expected value, and the label logit of
+    a GCE label of `gce_sigma`.
     """
     dtype = jnp.result_type(hidden, kernel)
     kernel = jnp.asarray(kernel, dtype)
@@ -433,7 +436,14 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
     )
     shape = (batch, length)
     number_logits = number_logits.reshape(shape + (-1,))
-    number_lse = jax.nn.logsumexp(number_logits, axis=-1)
+    label = losses.gaussian_label(targets, number_tokens, gce_sigma) if gce_sigma > 0 else None
+    _, target_value = losses.target_values(targets, number_tokens)
+    reads = {number_stats.VALUE} | set(() if ntl_kind == "none" else losses.VARIANTS[ntl_kind].reads)
+    numbers = number_stats.from_columns(
+        number_logits, keep, target_value, label, number_tokens=number_tokens, reads=tuple(sorted(reads)),
+        squash_factor=squash_factor if number_stats.DISTANCE in reads else None,
+    )
+    number_lse = numbers.log_normalizer
     rest_lse = rest_lse.reshape(shape)
     log_normalizer = jnp.logaddexp(number_lse, rest_lse)
     masses = None
@@ -443,7 +453,7 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
         log_normalizer=log_normalizer,
         target_logit=jnp.where(keep, target_logit.reshape(shape), 0.0),
         logit_sum=logit_sum.reshape(shape) if label_smoothing > 0 else None,
-        number_logits=number_logits,
+        numbers=numbers,
         masses=masses,
     )
     return head, targets, (top_id.reshape(shape) if with_top else None)

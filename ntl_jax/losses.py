@@ -9,9 +9,10 @@ host synchronisation, so they run under `jit`, `vmap`, `grad` and sharding. NTL-
 follow the authors' paper code (tum-ai/number-token-loss).
 
 Conventions (optax style): arrays first, options keyword-only. `logits` is
-`[batch, length, vocab]` (f32, bf16 or f16; computed in f32, except that `reweigh`
-takes the full-vocabulary exponentials in the logits' dtype, as a cross-entropy's
-`logsumexp` does, see `number_mass`), `targets` `[batch, length]` integer token ids,
+`[batch, length, vocab]` (f32, bf16 or f16; every statistic computed in f32, of the
+logits widened: a conversion XLA fuses into each pass, not a copy; what the variants
+read of the logits, and the two ways of computing it, is `number_stats`'s),
+`targets` `[batch, length]` integer token ids,
 `weights` `[batch, length]` finite and non-negative. `vocab` may exceed the
 `NumberTokens` table's size (networks round their vocabulary up, e.g. to a multiple of
 128): the ids beyond the table are not numbers. A position is
@@ -35,7 +36,6 @@ assumed finite and non-negative.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from typing import Callable, Literal, NamedTuple
@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from ntl_jax.number_stats import DISTANCE, PROBS, VALUE, NumberStats, number_stats
 from ntl_jax.number_tokens import NumberTokens, check_squash_factor
 
 Reduction = Literal["none", "sum", "mean"]
@@ -196,44 +197,49 @@ def _check_reduction(reduction: str) -> None:
 
 def target_values(targets, number_tokens: NumberTokens):
     """`(is_number, value)`, both `[batch, length]`: value 0 where not a number."""
-    values = jnp.asarray(number_tokens.values, jnp.float32)
-    in_vocab = (targets >= 0) & (targets < number_tokens.vocab_size)
-    value = values[jnp.where(in_vocab, targets, 0)]
-    is_number = in_vocab & ~jnp.isnan(value)
-    # Sanitise before any arithmetic so no NaN reaches a gradient.
-    return is_number, jnp.where(is_number, value, 0.0)
+    match = _number_match(targets, number_tokens)
+    value = jnp.sum(jnp.where(match, jnp.asarray(number_tokens.number_values, jnp.float32), 0.0), axis=-1)
+    return jnp.any(match, axis=-1), value
 
 
-def number_mass(logits, number_logits, number_tokens: NumberTokens, keep=None):
-    """`(log_normalizer, (mass, rest))`, each `[batch, length]` float32: the
-    logsumexp of the logits over the vocabulary, and the full-vocabulary probability on
-    the number tokens and on the other tokens.
+def _number_match(targets, number_tokens: NumberTokens):
+    """`[batch, length, N]` bool: which number token each target is (none for other ids).
 
-    `number_logits` are the number tokens' logits (`number_logits`, sanitised);
+    Per-target facts are read through this rather than gathered from `[vocab]` tables by
+    target id: on the TPU each gathered element costs a memory tile (libtpu's compiler
+    counts 4 KiB), 0.8 % of a cross-entropy's traffic at the T5 shape, while this is a
+    compare and a sum fused with the other per-position arithmetic."""
+    return targets[..., None] == jnp.asarray(number_tokens.ids)
+
+
+def number_mass(wide, numbers: NumberStats, keep=None, *, logits=None):
+    """`(log_normalizer, (mass, rest))`, each `[batch, length]` float32: the logsumexp
+    of the float32 logits `wide` over the vocabulary, and the full-vocabulary
+    probability on the number tokens and on the other tokens, from the number tokens'
+    statistics `numbers` (`number_stats`). `logits`, the logits in their own dtype
+    (default `wide`), give the shift (see `log_normalizer`).
+
     `keep` (`[batch, length]` bool, or None for all) marks the positions whose logits
-    are used: elsewhere they count as 0, whatever they hold. The shift (the largest
-    logit), the exponentials and their sum are those `jax.nn.logsumexp` computes, so
-    XLA computes them once for this and a caller's cross-entropy: no pass over the
-    vocabulary of its own. Like `logsumexp`, the exponentials are taken in the logits'
-    dtype and summed in float32. With float32 logits, `mass` (the number tokens' sum
-    over the total) is accurate to a few float32 ulps even when the logits are large;
-    `rest` (the difference of the two sums over their total) to a few ulps of 1, not of
-    itself. With 16-bit logits both carry the 16-bit rounding of each exponential's
-    argument and value (at most a relative u (1 + |logit - max|) per term, u = 2^-8
-    for bfloat16), as the caller's cross-entropy does: the error of the logits' own
-    rounding.
+    are used: elsewhere they count as 0, whatever they hold (all mass on the numbers).
+    The shift (the largest logit), the exponentials and their sum are those
+    `jax.nn.logsumexp` computes, so XLA computes them once for this and a caller's
+    cross-entropy. `mass` (the number tokens' sum over the total) is accurate to a few
+    float32 ulps even when the logits are large; `rest` (the difference of the two sums
+    over their total) to a few ulps of 1, not of itself, but its derivative is exactly
+    minus the mass's, `p_v m` off the number tokens: differentiating the difference
+    would cancel where the rest is near 1 (a small number mass).
     """
-    kept = jnp.ones(logits.shape[:-1], bool) if keep is None else keep
-    shift, total = _shift_and_exp_sum(logits, kept)
-    # Ignored positions: their number logits are 0, so a shift of 0 keeps them finite.
+    kept = jnp.ones(wide.shape[:-1], bool) if keep is None else keep
+    shift, total = _shift_and_exp_sum(wide, kept, logits)
+    # Ignored positions: a shift of 0, as the number statistics have there.
     shift = jnp.where(kept, shift, jnp.zeros((), shift.dtype))
-    # The same rounded exponentials as in the total (number_logits are the logits'
-    # values, widened), so the mass is part of it.
-    mass = jnp.sum(_exp(number_logits.astype(logits.dtype), shift[..., None]), axis=-1)
-    total = jnp.where(kept, total, mass)  # ignored positions: all mass on the numbers
-    # Summation order can put the mass a few ulps above the total.
-    rest = jnp.maximum(total - mass, 0.0)
-    return shift.astype(jnp.float32) + jnp.log(total), (mass / total, rest / total)
+    number_sum = jnp.exp(numbers.shift - shift) * numbers.exp_sum
+    total = jnp.where(kept, total, number_sum)  # ignored positions: all mass on the numbers
+    mass = number_sum / total
+    # Summation order can put the number sum a few ulps above the total.
+    rest = jax.lax.stop_gradient(jnp.maximum(total - number_sum, 0.0) / total)
+    rest = rest - (mass - jax.lax.stop_gradient(mass))
+    return shift + jnp.log(total), (mass, rest)
 
 
 def _exp(logits, shift):
@@ -261,20 +267,27 @@ def _exp_sum_jvp(primals, tangents):
     return _exp_sum(logits, shift, keep), jnp.sum(weight * tangents[0].astype(jnp.float32), axis=-1)
 
 
-def log_normalizer(logits, keep):
-    """`logsumexp(logits)` over the last axis in float32, `[batch, length]`, 0 where
+def log_normalizer(wide, keep, *, logits=None):
+    """`logsumexp(wide)` over the last axis in float32, `[batch, length]`, 0 where
     `keep` (`[batch, length]` bool) is False: the value and gradient of
     `jax.nn.logsumexp` at the kept positions, while whatever the logits hold elsewhere
-    (NaN, inf) reaches neither, without a pass over the logits to sanitise them."""
-    shift, total = _shift_and_exp_sum(logits, keep)
+    (NaN, inf) reaches neither, without a pass over the logits to sanitise them.
+
+    `wide` are float32 logits, perhaps widened from `logits` (default `wide`): the
+    maximum (the shift) is taken of those, in their own dtype, since it commutes with
+    widening and XLA then fuses it with a cross-entropy's own maximum (on the TPU, a
+    maximum of the widened logits next to a cross-entropy that keeps a widened copy is
+    a pass of its own)."""
+    shift, total = _shift_and_exp_sum(wide, keep, logits)
     return jnp.where(keep, shift.astype(jnp.float32) + jnp.log(jnp.where(keep, total, 1.0)), 0.0)
 
 
-def _shift_and_exp_sum(logits, keep):
-    """`(shift, total)`, each `[batch, length]`: the shift and the sum of exponentials
-    `jax.nn.logsumexp` computes (`_shift`, `_exp_sum` at the positions `keep`)."""
-    shift = _shift(logits)
-    return shift, _exp_sum(logits, jax.lax.expand_dims(shift, (logits.ndim - 1,)), keep)
+def _shift_and_exp_sum(wide, keep, logits=None):
+    """`(shift, total)`, each `[batch, length]`: the shift (of `logits`, default `wide`)
+    and the sum of exponentials of `wide` `jax.nn.logsumexp` computes (`_shift`,
+    `_exp_sum` at the positions `keep`)."""
+    shift = _shift(wide if logits is None else logits).astype(wide.dtype)
+    return shift, _exp_sum(wide, jax.lax.expand_dims(shift, (wide.ndim - 1,)), keep)
 
 
 def _shift(logits):
@@ -302,84 +315,30 @@ def reduce_loss(loss, counted, weights, reduction: str):
     return total / jnp.maximum(jnp.sum(w), _EPS)
 
 
-def number_logits(logits, number_tokens: NumberTokens, keep=None, *, fuse_gradient=False):
-    """The logits of the number tokens, `[batch, length, N]` float32; 0 where `keep`
-    (`[batch, length]` bool, optional) is False. The columns are taken before any
-    arithmetic, so only they are converted and sanitised.
-
-    On the CPU with few number tokens, the columns' gradient of 16-bit logits is a sum
-    of selects that XLA fuses into the caller's other logits gradients (see
-    `_columns_tangent_cpu`); `fuse_gradient=True` asks for it with float32 logits too,
-    for a caller whose gradient is otherwise all elementwise and lands in a 16-bit
-    buffer (float32 logits widened from 16-bit ones), where `take`'s scatter would need
-    a float32 buffer of its own. Next to a cross-entropy that scatters its target into a
-    float32 buffer, `take`'s scatter adds to that one in place, so the default keeps it."""
-    columns = _take_columns(logits, jnp.asarray(number_tokens.ids), fuse_gradient).astype(jnp.float32)
-    return columns if keep is None else jnp.where(keep[..., None], columns, 0.0)
-
-
-# Up to this many number tokens, the 16-bit column gradient on the CPU is a sum of
-# selects fused into the caller's gradient (see `_columns_tangent_cpu`): each costs every
-# element of the gradient a compare, a select and an add, so beyond this `take`'s own
-# scatter is kept (with bf16 logits next to optax's CE on a 2-core CPU, the two cost the
-# same at about 32 number tokens).
-_SELECT_CHAIN_MAX = 24
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _take_columns(logits, ids, fuse_gradient=False):
-    """`jnp.take(logits, ids, axis=-1)`: the `N` columns `ids`. Its derivative is
-    `take`'s own except on the CPU with few ids for 16-bit logits, or any logits with
-    `fuse_gradient` (see `_columns_tangent_cpu`); every mode of differentiation works."""
-    return jnp.take(logits, ids, axis=-1)
-
-
-@_take_columns.defjvp
-def _take_columns_jvp(fuse_gradient, primals, tangents):
-    logits, ids = primals
-    logits_dot, _ = tangents
-    out = _take_columns(logits, ids, fuse_gradient)
-
-    def take(t, ids):
-        return jnp.take(t, ids, axis=-1)
-
-    fuse = fuse_gradient or jnp.dtype(logits.dtype).itemsize == 2
-    if not fuse or ids.shape[0] > _SELECT_CHAIN_MAX:
-        return out, take(logits_dot, ids)
-    return out, jax.lax.platform_dependent(logits_dot, ids, cpu=_columns_tangent_cpu, default=take)
-
-
-def _columns_tangent_cpu(t, ids):
-    """`jnp.take(t, ids, axis=-1)`, written as masked sums over the vocabulary so that
-    its transpose, the columns' gradient in reverse mode, is a sum of selects in
-    float32 that XLA fuses into the caller's gradient. `take`'s transpose is a
-    scatter-add into a buffer the size of the logits; for 16-bit logits XLA's CPU
-    backend widens it to a fresh float32 buffer (a write and a read of twice their
-    size, more than a cross-entropy's whole backward pass adds). Forward mode pays a
-    pass over the vocabulary per id instead. Both are exact: one term of each sum is
-    not 0."""
-    column = jax.lax.broadcasted_iota(jnp.int32, t.shape, t.ndim - 1)
-    wide = t.astype(jnp.float32)
-    sums = [jnp.sum(jnp.where(column == ids[i], wide, 0.0), axis=-1) for i in range(ids.shape[0])]
-    return jnp.stack(sums, axis=-1).astype(t.dtype)
+def take_target_logit(wide, ids, logits=None):
+    """`wide[..., ids]` at every position, in float32: `ids` `[batch, length]` in
+    `[0, vocab)`; `logits` (default `wide`) are the logits in their own dtype, `wide`
+    widened from them. The value is gathered from `logits` and widened (exact): a
+    gather from `wide` would make XLA write a widened copy of all the logits to gather
+    from. The gradient, with respect to `wide`, is a select (`ids` compared with the
+    column index) that XLA fuses into the caller's other logits gradients, where
+    `take_along_axis`'s scatter would need a buffer the size of the logits (on XLA's
+    CPU backend a float32 one when they are 16-bit). Forward mode pays a pass over the
+    vocabulary instead."""
+    return _take_target_logit(wide, jax.lax.stop_gradient(wide if logits is None else logits), ids)
 
 
 @jax.custom_jvp
-def take_target_logit(logits, ids):
-    """`logits[..., ids]` at every position, in float32: `ids` `[batch, length]` in
-    `[0, vocab)`. Its gradient is a select (`ids` compared with the column index) that
-    XLA fuses into the caller's other logits gradients, where `take_along_axis`'s
-    scatter would need a buffer the size of the logits (on XLA's CPU backend a float32
-    one when they are 16-bit). Forward mode pays a pass over the vocabulary instead."""
+def _take_target_logit(wide, logits, ids):
     return jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0].astype(jnp.float32)
 
 
-@take_target_logit.defjvp
+@_take_target_logit.defjvp
 def _take_target_logit_jvp(primals, tangents):
-    logits, ids = primals
-    column = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    wide, logits, ids = primals
+    column = jax.lax.broadcasted_iota(jnp.int32, wide.shape, wide.ndim - 1)
     tangent = jnp.sum(jnp.where(column == ids[..., None], tangents[0].astype(jnp.float32), 0.0), axis=-1)
-    return take_target_logit(logits, ids), tangent
+    return _take_target_logit(wide, logits, ids), tangent
 
 
 def _shift_right(x, fill):
@@ -392,16 +351,25 @@ def _shift_left(x, fill):
     return jnp.concatenate([x[:, 1:], jnp.full_like(x[:, :1], fill)], axis=1)
 
 
+def _suffix_sums(x, ends):
+    """`[batch, length]`: the sum of `x` from each position to the end of its segment
+    along the length axis, segments ending at the positions `ends` (True)."""
+    def add(later, earlier):  # in scan order: from the end of the row
+        (x_later, end_later), (x_earlier, end_earlier) = later, earlier
+        return jnp.where(end_earlier, x_earlier, x_later + x_earlier), end_later | end_earlier
+
+    return jax.lax.associative_scan(add, (x, ends), reverse=True, axis=1)[0]
+
+
 def target_digit_counts(targets, number_tokens: NumberTokens):
     """`(counts, opens)`, both `[batch, length]`: how many digits each target writes
-    (`NumberTokens.digit_counts` gathered by target id; 0 for ignored positions, ids
-    beyond the table and non-numbers), and whether it begins a new number
-    (`NumberTokens.opens_number`)."""
-    in_vocab = (targets >= 0) & (targets < number_tokens.vocab_size)
-    ids = jnp.where(in_vocab, targets, 0)
-    counts = jnp.asarray(number_tokens.digit_counts, jnp.int32)[ids]
-    opens = jnp.asarray(number_tokens.opens_number, bool)[ids]
-    return jnp.where(in_vocab, counts, 0), in_vocab & opens
+    (`NumberTokens.digit_counts` of the target; 0 for ignored positions, ids beyond the
+    table and non-numbers), and whether it begins a new number
+    (`NumberTokens.opens_number`; False off the numbers)."""
+    match = _number_match(targets, number_tokens)
+    ids = jnp.asarray(number_tokens.ids)
+    counts = jnp.sum(jnp.where(match, jnp.asarray(number_tokens.digit_counts, jnp.int32)[ids], 0), axis=-1)
+    return counts, jnp.any(match & jnp.asarray(number_tokens.opens_number, bool)[ids], axis=-1)
 
 
 def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_counts=None, opens=None):
@@ -434,7 +402,6 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
       `(starts, numbers)`: `starts` `[batch, length]` marks the first token of each
       number, `numbers` holds its value there (and 0 elsewhere).
     """
-    batch, length = is_digit.shape
     if digit_counts is None:
         joins, counts = is_digit, is_digit.astype(jnp.int32)
     else:
@@ -452,33 +419,18 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
         continues = (digit_prev | (_shift_right(is_dot, False) & _shift_right(digit_prev, False))) & ~opens
     starts = in_number & ~continues  # always a digit: a dot in a number continues it
 
-    # Segment ids, unique across the batch: row b uses b * (length + 1) + [0 .. length].
-    seg = jnp.cumsum(starts, axis=1) * in_number
-    seg = seg + jnp.arange(batch)[:, None] * (length + 1)
-    num_segments = batch * (length + 1)
-    flat_seg = seg.reshape(-1)
-
-    def segment_sum(x):
-        return jax.ops.segment_sum(x.reshape(-1), flat_seg, num_segments=num_segments)
-
+    # Sums over the rest of each number, from each position on: a segmented scan from
+    # the end of each row (no scatter or gather, which on the TPU cost a memory tile per
+    # element), restarting after each number's last token.
+    ends = _shift_left(starts | ~in_number, True)
     # Exponent of each token: how many digits of its number come after it.
-    digits_before = jnp.cumsum(counts, axis=1) - counts  # digits strictly before t
-    total = segment_sum(counts)[seg]
-    offset = segment_sum(jnp.where(starts, digits_before, 0))[seg]
-    exponent = jnp.clip(total - (digits_before - offset) - counts, 0, _MAX_NUMBER_LENGTH - 1)
+    exponent = jnp.clip(_suffix_sums(counts, ends) - counts, 0, _MAX_NUMBER_LENGTH - 1)
     contribution = jnp.where(joins, digit_values * (10.0 ** exponent.astype(jnp.float32)), 0.0)
-    numbers = jnp.where(starts, segment_sum(contribution)[seg], jnp.where(alone, digit_values, 0.0))
+    numbers = jnp.where(starts, _suffix_sums(contribution, ends), jnp.where(alone, digit_values, 0.0))
     return starts | alone, numbers
 
 
-# -- the variants: one small function each of the number prediction and the target ----
-
-
-class NumberPrediction(NamedTuple):
-    """What the model predicts over the number tokens, per position."""
-
-    probs: jax.Array  # [batch, length, N]: the softmax over the number tokens only
-    value: jax.Array  # [batch, length]: the expected value, sum_j probs_j v_j
+# -- the variants: one small function each of the number statistics and the target ----
 
 
 class NumberTarget(NamedTuple):
@@ -518,52 +470,85 @@ def target_distribution(targets, number_tokens: NumberTokens, gce_sigma: float =
     Number tokens with a sign, point or exponent ("-1", "3.5", digit count 0) keep their
     one-hot. `gce_sigma` 0 gives the one-hot everywhere (nothing smoothed).
     """
-    sigma = check_gce_sigma(gce_sigma)
     ids = jnp.asarray(number_tokens.ids)
     one_hot = (targets[..., None] == ids).astype(jnp.float32)
-    if sigma == 0:
+    if check_gce_sigma(gce_sigma) == 0:
         return jnp.zeros(jnp.shape(targets), bool), one_hot
+    label = gaussian_label(targets, number_tokens, gce_sigma)
+    q = label.at(jnp.asarray(number_tokens.number_values, jnp.float32),
+                 jnp.asarray(number_tokens.digit_counts, jnp.int32)[ids])
+    return label.smoothed, jnp.where(label.smoothed[..., None], q, one_hot)
+
+
+class GaussianLabel(NamedTuple):
+    """GCE's label at its smoothed positions (`target_distribution`), as a function of
+    a number token's value and digit count (`at`), so it can be placed at any columns:
+    the `N` number tokens', or the whole vocabulary's (`number_stats`)."""
+
+    smoothed: jax.Array  # [batch, length] bool
+    value: jax.Array  # [batch, length] the target's value y
+    count: jax.Array  # [batch, length] int32, the digits the target writes
+    scale: jax.Array  # 1 / (2 sigma^2)
+    total: jax.Array  # [batch, length] the Gaussian's sum over the number tokens, >= 1 where smoothed
+
+    def gaussian(self, values, counts):
+        """`[batch, length, C]` `exp(-(v - y)^2 / (2 sigma^2))` at the columns of `values`
+        that write as many digits as the target (`counts`, 0 off the numbers), 0 elsewhere."""
+        same = self.smoothed[..., None] & (counts == self.count[..., None])
+        return jnp.where(same, jnp.exp(-jnp.square(values - self.value[..., None]) * self.scale), 0.0)
+
+    def at(self, values, counts):
+        """`q` `[batch, length, C]` at the columns of `values` and `counts` (0 at
+        positions not smoothed)."""
+        return self.gaussian(values, counts) / jnp.where(self.smoothed, self.total, 1.0)[..., None]
+
+
+def gaussian_label(targets, number_tokens: NumberTokens, gce_sigma: float) -> GaussianLabel:
+    """The `GaussianLabel` of `targets` (sanitised) with `gce_sigma` > 0."""
+    sigma = check_gce_sigma(gce_sigma)
     is_number, y = target_values(targets, number_tokens)
     counts, _ = target_digit_counts(targets, number_tokens)
-    smoothed = is_number & (counts > 0)
-    same = smoothed[..., None] & (jnp.asarray(number_tokens.digit_counts, jnp.int32)[ids] == counts[..., None])
     # 1 / (2 sigma^2), held finite so a tiny sigma gives the one-hot rather than 0 * inf.
     with np.errstate(over="ignore", divide="ignore"):
         scale = float(min(np.float64(0.5) / np.float64(sigma) ** 2, np.finfo(np.float32).max))
-    gaussian = jnp.exp(-jnp.square(jnp.asarray(number_tokens.number_values, jnp.float32) - y[..., None]) * scale)
-    gaussian = jnp.where(same, gaussian, 0.0)
+    label = GaussianLabel(is_number & (counts > 0), y, counts, jnp.float32(scale), jnp.ones(jnp.shape(y)))
+    ids = jnp.asarray(number_tokens.ids)
+    gaussian = label.gaussian(jnp.asarray(number_tokens.number_values, jnp.float32),
+                              jnp.asarray(number_tokens.digit_counts, jnp.int32)[ids])
     # The target itself is among them at distance 0, so a smoothed row sums to >= 1.
-    total = jnp.sum(gaussian, axis=-1, keepdims=True)
-    q = jnp.where(smoothed[..., None], gaussian / jnp.where(smoothed[..., None], total, 1.0), one_hot)
-    return smoothed, q
+    return label._replace(total=jnp.sum(gaussian, axis=-1))
 
 
-def number_prediction(number_logits, number_tokens: NumberTokens) -> NumberPrediction:
-    """The softmax over the number tokens' logits (`[batch, length, N]` float32) and its
-    expected value."""
-    probs = jax.nn.softmax(number_logits, axis=-1)
-    return NumberPrediction(probs, jnp.sum(probs * jnp.asarray(number_tokens.number_values, jnp.float32), axis=-1))
+def _was(stats, target, number_tokens, squash_factor):
+    # sum_j p_j D(v_j, y): the expected (squashed) distance to the target's value.
+    return stats.distance, target.is_number
 
 
-def _was(prediction, target, number_tokens, squash_factor):
-    v = jnp.asarray(number_tokens.number_values, jnp.float32)
-    # The target's row of the distance table, without gathering rows of it.
-    dist = number_tokens.squash(jnp.abs(target.value[..., None] - v), squash_factor)
-    return jnp.sum(prediction.probs * dist, axis=-1), target.is_number
-
-
-def _was_cdf(prediction, target, number_tokens, squash_factor):
+def _was_cdf(stats, target, number_tokens, squash_factor):
     """`sum_k |CDF_p(k) - CDF_q(k)|` over the number tokens sorted by value (ties in id
     order), as the authors' `WassersteinNumberTokenLoss`: no gap weights (see `VARIANTS`)."""
     values = number_tokens.number_values
+    gap = stats.probs - target.distribution
     if is_concrete(values):  # the usual closure constant: sorted once, on the host
         order = np.argsort(np.asarray(values, np.float32), kind="stable")
+        if np.array_equal(order, np.arange(order.size)):
+            pass  # ids already in value order (digits): nothing to permute
+        elif order.size <= _STATIC_PERMUTATION_MAX:
+            # Static slices, not a gather: on the TPU each gathered element (and each
+            # scattered one in the gradient) costs a memory tile.
+            gap = jnp.stack([gap[..., int(i)] for i in order], axis=-1)
+        else:
+            gap = jnp.take(gap, order, axis=-1)
     else:
-        order = jnp.argsort(jnp.asarray(values, jnp.float32), stable=True)
+        gap = jnp.take(gap, jnp.argsort(jnp.asarray(values, jnp.float32), stable=True), axis=-1)
     # One cumulative sum of the difference: its partial sums stay accurate where both
     # CDFs approach 1. The last term (1 - 1) is left out.
-    cdf_gap = jnp.cumsum(jnp.take(prediction.probs - target.distribution, order, axis=-1), axis=-1)[..., :-1]
+    cdf_gap = jnp.cumsum(gap, axis=-1)[..., :-1]
     return jnp.sum(jnp.abs(cdf_gap), axis=-1), target.is_number
+
+
+# Up to this many number tokens NTL-WAS-CDF sorts them by value with static slices.
+_STATIC_PERMUTATION_MAX = 64
 
 
 def _value_range(number_tokens):
@@ -585,8 +570,8 @@ def _huber(d):
 def _regression(fn):
     """A loss on the expected value (ntloss's `NTLossDotProduct`)."""
 
-    def loss(prediction, target, number_tokens, squash_factor):
-        return fn(prediction.value - target.value), target.is_number
+    def loss(stats, target, number_tokens, squash_factor):
+        return fn(stats.value - target.value), target.is_number
 
     return loss
 
@@ -598,11 +583,11 @@ def _number_level(float_level: bool):
     multi-digit tokenizer's "123", "4" is scored as 1234 against `10 E[v_1] + E[v_2]`
     (see `join_digit_runs`)."""
 
-    def loss(prediction, target, number_tokens, squash_factor):
+    def loss(stats, target, number_tokens, squash_factor):
         dot_id = number_tokens.dot_id if float_level else None
         counts, opens = target_digit_counts(target.ids, number_tokens)
         starts, y = join_digit_runs(target.is_number, target.value, target.ids, dot_id, counts, opens)
-        _, yhat = join_digit_runs(target.is_number, prediction.value, target.ids, dot_id, counts, opens)
+        _, yhat = join_digit_runs(target.is_number, stats.value, target.ids, dot_id, counts, opens)
         # Bounded in [0, 1].
         return jnp.abs(yhat - y) / (jnp.abs(yhat) + jnp.abs(y) + _EPS), starts
 
@@ -610,29 +595,31 @@ def _number_level(float_level: bool):
 
 
 class Variant(NamedTuple):
-    """An NTL variant: `loss(prediction, target, number_tokens, squash_factor)` gives
-    `(per-position loss, counted)`; `ceiling(number_tokens, squash_factor)` is the
-    largest value it takes, which `reweigh` charges (x1.01) for mass off the numbers;
-    `needs_distribution`: it reads `target.distribution` (the one-hot, or the GCE label)."""
+    """An NTL variant: `loss(stats, target, number_tokens, squash_factor)` gives
+    `(per-position loss, counted)` from the `NumberStats` it `reads`;
+    `ceiling(number_tokens, squash_factor)` is the largest value it takes, which
+    `reweigh` charges (x1.01) for mass off the numbers; `needs_distribution`: it reads
+    `target.distribution` (the one-hot, or the GCE label)."""
 
     loss: Callable
     ceiling: Callable
+    reads: tuple
     needs_distribution: bool = False
 
 
 # The one table of NTL variants, by the name every API takes (`kind`, `ntl_kind`,
 # and the trainer's `--loss ntl-<name>`).
 VARIANTS = {
-    "was": Variant(_was, _was_ceiling),
-    "mse": Variant(_regression(jnp.square), lambda nt, _: jnp.square(_value_range(nt))),
-    "mae": Variant(_regression(jnp.abs), lambda nt, _: _value_range(nt)),
-    "huber": Variant(_regression(_huber), lambda nt, _: _huber(_value_range(nt))),
-    "number_level": Variant(_number_level(False), lambda nt, _: jnp.float32(1.0)),
-    "number_level_float": Variant(_number_level(True), lambda nt, _: jnp.float32(1.0)),
+    "was": Variant(_was, _was_ceiling, (DISTANCE,)),
+    "mse": Variant(_regression(jnp.square), lambda nt, _: jnp.square(_value_range(nt)), (VALUE,)),
+    "mae": Variant(_regression(jnp.abs), lambda nt, _: _value_range(nt), (VALUE,)),
+    "huber": Variant(_regression(_huber), lambda nt, _: _huber(_value_range(nt)), (VALUE,)),
+    "number_level": Variant(_number_level(False), lambda nt, _: jnp.float32(1.0), (VALUE,)),
+    "number_level_float": Variant(_number_level(True), lambda nt, _: jnp.float32(1.0), (VALUE,)),
     # NTL-WAS-CDF: the authors sum |CDF_p - CDF_q| over the sorted number tokens without
     # weighting by the gaps between their values, so it is measured in ranks: NTL-WAS on
     # evenly spaced unit values (digits), and at most N - 1.
-    "was_cdf": Variant(_was_cdf, lambda nt, _: jnp.float32(nt.num_numbers - 1), needs_distribution=True),
+    "was_cdf": Variant(_was_cdf, lambda nt, _: jnp.float32(nt.num_numbers - 1), (PROBS,), needs_distribution=True),
 }
 KINDS = tuple(VARIANTS)
 
@@ -645,10 +632,10 @@ def check_kind(kind, squash_factor=None, name: str = "kind") -> None:
         raise ValueError(f"squash_factor applies only to {name}='was', got {name}={kind!r}")
 
 
-def ntl_per_position(number_logits, targets, number_tokens, *, kind="was", masses=None, squash_factor=None,
+def ntl_per_position(stats: NumberStats, targets, number_tokens, *, kind="was", masses=None, squash_factor=None,
                      distribution=None):
     """`(loss, counted)`, both `[batch, length]`: the NTL `kind` at every position, from
-    the number tokens' logits alone (`[batch, length, N]` float32, see `number_logits`).
+    the number tokens' statistics alone (`NumberStats` with what `VARIANTS[kind].reads`).
 
     `masses` is `(mass, rest)`, the full-vocabulary probability on the number tokens and
     on the others, to reweigh with; None does not reweigh. `distribution` is the label
@@ -662,11 +649,22 @@ def ntl_per_position(number_logits, targets, number_tokens, *, kind="was", masse
         distribution = target_distribution(targets, number_tokens)[1]
     target = NumberTarget(targets, *target_values(targets, number_tokens),
                           distribution=distribution if variant.needs_distribution else None)
-    loss, counted = variant.loss(number_prediction(number_logits, number_tokens), target, number_tokens, squash_factor)
+    loss, counted = variant.loss(stats, target, number_tokens, squash_factor)
     if masses is not None:
         mass, rest = masses
         loss = loss * mass + _REWEIGH_MARGIN * variant.ceiling(number_tokens, squash_factor) * rest
     return loss, counted
+
+
+def variant_stats(kind, wide, keep, targets, number_tokens, *, squash_factor=None, label=None, reads=(),
+                  logits=None):
+    """The `NumberStats` the variant `kind` reads (and `reads`; `kind` None for none)
+    of the float32 logits `wide` (see `number_stats`), `targets` sanitised (-1 where not
+    `keep`); `label` and `logits` as in `number_stats`."""
+    reads = set(reads) | set(() if kind is None else VARIANTS[kind].reads)
+    _, value = target_values(targets, number_tokens)
+    return number_stats(wide, keep, value, number_tokens, reads=tuple(sorted(reads)),
+                        squash_factor=squash_factor if DISTANCE in reads else None, label=label, logits=logits)
 
 
 def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_factor, reduction):
@@ -676,14 +674,16 @@ def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_facto
     check_bool("reweigh", reweigh)
     check_kind(kind, squash_factor)
     weights = check_inputs(logits, targets, number_tokens, weights)
-    # Only the N number-token columns are read (and, to reweigh, the maximum and the
-    # exponentials' sum a cross-entropy computes too): no sanitised or float32 copy of
-    # the logits is made.
+    # The logits are read widened to float32 (a conversion XLA fuses into each pass,
+    # not a copy) and only through the number statistics (and, to reweigh, the maximum
+    # and the exponentials' sum a cross-entropy computes too).
     keep, targets = keep_positions(targets, weights, jnp.shape(logits)[-1])
-    columns = number_logits(logits, number_tokens, keep)
-    masses = number_mass(logits, columns, number_tokens, keep)[1] if reweigh else None
+    logits = jnp.asarray(logits)
+    wide = logits.astype(jnp.float32)
+    stats = variant_stats(kind, wide, keep, targets, number_tokens, squash_factor=squash_factor, logits=logits)
+    masses = number_mass(wide, stats, keep, logits=logits)[1] if reweigh else None
     loss, counted = ntl_per_position(
-        columns, targets, number_tokens, kind=kind, masses=masses, squash_factor=squash_factor,
+        stats, targets, number_tokens, kind=kind, masses=masses, squash_factor=squash_factor,
     )
     return reduce_loss(loss, counted, weights, reduction)
 
@@ -867,5 +867,8 @@ def predict_numbers(logits: ArrayLike, number_tokens: NumberTokens) -> tuple[jax
     (1.0, 0.5)
     """
     check_inputs(logits, None, number_tokens)
-    columns = number_logits(logits, number_tokens)
-    return number_prediction(columns, number_tokens).value, number_mass(logits, columns, number_tokens)[1][0]
+    logits = jnp.asarray(logits)
+    wide = logits.astype(jnp.float32)
+    keep = jnp.ones(wide.shape[:-1], bool)
+    stats = number_stats(wide, keep, jnp.zeros(keep.shape, jnp.float32), number_tokens, reads=(VALUE,), logits=logits)
+    return stats.value, number_mass(wide, stats, keep, logits=logits)[1][0]

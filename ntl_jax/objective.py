@@ -17,6 +17,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from ntl_jax import losses
+from ntl_jax.number_stats import VALUE, NumberStats
 from ntl_jax.number_tokens import NumberTokens, check_squash_factor
 
 
@@ -167,7 +168,8 @@ class HeadStats(NamedTuple):
     - `log_normalizer`: `logsumexp(logits)` over the vocabulary, `[batch, length]`;
     - `target_logit`: the target's logit (0 where the target is outside the vocabulary);
     - `logit_sum`: the sum of the logits over the vocabulary (label smoothing only, else None);
-    - `number_logits`: the number tokens' logits, `[batch, length, N]`;
+    - `numbers`: the number tokens' statistics (`NumberStats`: what the NTL variant
+      reads, the value for metrics, `label_logit` for GCE), or None (cross-entropy only);
     - `masses`: `(mass, rest)`, the probability on number tokens and on the others
       (`reweigh` only, else None).
     """
@@ -175,14 +177,14 @@ class HeadStats(NamedTuple):
     log_normalizer: jax.Array
     target_logit: jax.Array
     logit_sum: jax.Array | None
-    number_logits: jax.Array
+    numbers: NumberStats | None
     masses: tuple | None
 
 
-def _target_logit(logits, targets):
-    vocab = logits.shape[-1]
+def _target_logit(wide, targets, logits):
+    vocab = wide.shape[-1]
     in_vocab = (targets >= 0) & (targets < vocab)
-    return jnp.where(in_vocab, losses.take_target_logit(logits, jnp.where(in_vocab, targets, 0)), 0.0)
+    return jnp.where(in_vocab, losses.take_target_logit(wide, jnp.where(in_vocab, targets, 0), logits), 0.0)
 
 
 def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_smoothing, z_loss, label=None):
@@ -206,49 +208,47 @@ def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_s
     z_term = z_loss * jnp.square(head.log_normalizer)
     ce = head.log_normalizer * mass - weighted_logits - normalizing_constant
     if label is not None:
-        smoothed, q = label
+        smoothed, _ = label
         # Sanitised first: q is 0 outside the smoothed rows, so this is finite everywhere.
-        ce = jnp.where(smoothed, head.log_normalizer - jnp.sum(q * head.number_logits, axis=-1), ce)
+        ce = jnp.where(smoothed, head.log_normalizer - head.numbers.label_logit, ce)
     return ce + z_term, z_term
 
 
-def head_stats(logits, targets, keep, number_tokens, *, label_smoothing, reweigh, with_numbers=True,
-               log_normalizer=None):
+def head_stats(logits, targets, keep, number_tokens, *, label_smoothing, reweigh, ntl_kind=None, squash_factor=None,
+               label=None, with_numbers=True, log_normalizer=None):
     """`HeadStats` of the logits (any float dtype) at the positions `keep` (`[batch,
     length]` bool; the targets -1 elsewhere); `with_numbers=False` leaves out the
-    number tokens' logits (cross-entropy only). `log_normalizer` may be given; else it
-    is computed, with reweigh from the same sums as the number mass.
+    number tokens' statistics (cross-entropy only), else they hold what `ntl_kind`
+    reads (None: none), the expected value, and `label_logit` for a GCE `label`.
+    `log_normalizer` may be given; else it is computed, with reweigh from the same
+    sums as the number mass.
 
     Every statistic reads the logits widened to float32, a conversion XLA fuses into
     each pass rather than a copy, so the gradients of all of them add up in float32 and
     are rounded to the logits' dtype once. Whatever the logits hold at the positions
     not kept (NaN, inf) reaches no statistic and no gradient: each statistic is masked
     where it is `[batch, length]` or `[batch, length, N]`, and the gradients that read
-    the logits (the normaliser's) select it away. Each gradient is elementwise (the
-    target's and, for 16-bit logits on the CPU with few number tokens, the number
-    columns' are selects), so XLA computes the whole logits gradient in one fused pass;
-    with float32 logits the columns keep `take`'s scatter, which adds to the gradient's
-    own buffer in place."""
+    the logits select it away. Each gradient is elementwise (the target's is a select,
+    the number statistics' see `number_stats`), so XLA computes the whole logits
+    gradient in one fused pass."""
     wide = logits.astype(jnp.float32)
-    columns = None
+    numbers = None
     if with_numbers or reweigh:
-        # 16-bit logits: the float32 gradient is rounded into a 16-bit buffer, so a
-        # scatter would need a float32 one of its own.
-        columns = losses.number_logits(wide, number_tokens, keep,
-                                       fuse_gradient=jnp.dtype(logits.dtype).itemsize == 2)
+        numbers = losses.variant_stats(ntl_kind, wide, keep, targets, number_tokens, squash_factor=squash_factor,
+                                       label=label, reads=(VALUE,), logits=logits)
     masses = None
     if reweigh:
-        log_normalizer, masses = losses.number_mass(wide, columns, number_tokens, keep)
+        log_normalizer, masses = losses.number_mass(wide, numbers, keep, logits=logits)
         log_normalizer = jnp.where(keep, log_normalizer, 0.0)
     elif log_normalizer is None:
-        log_normalizer = losses.log_normalizer(wide, keep)
+        log_normalizer = losses.log_normalizer(wide, keep, logits=logits)
     # The sum's gradient does not read the logits, so masking its value is enough.
     logit_sum = jnp.where(keep, jnp.sum(wide, axis=-1), 0.0) if label_smoothing > 0 else None
     return HeadStats(
         log_normalizer=log_normalizer,
-        target_logit=_target_logit(wide, targets),
+        target_logit=_target_logit(wide, targets, logits),
         logit_sum=logit_sum,
-        number_logits=columns if with_numbers else None,
+        numbers=numbers,
         masses=masses,
     )
 
@@ -409,7 +409,7 @@ def cross_entropy_and_ntl(
     )
     head, targets = logits_head_stats(
         logits, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        with_numbers=ntl_kind != "none" or gce_sigma > 0,
+        ntl_kind=ntl_kind, squash_factor=squash_factor, gce_sigma=gce_sigma,
     )
     return objective_from_head(
         head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
@@ -418,15 +418,20 @@ def cross_entropy_and_ntl(
 
 
 def logits_head_stats(logits, targets, weights, number_tokens: NumberTokens, *, label_smoothing, reweigh,
-                      with_numbers=True):
+                      ntl_kind="none", squash_factor=None, gce_sigma=0.0, with_numbers=None):
     """`(HeadStats, targets)` of checked logits under resolved `weights`, the targets -1
-    at ignored positions (weight 0, or outside the logits' vocabulary)."""
+    at ignored positions (weight 0, or outside the logits' vocabulary), with the number
+    statistics `ntl_kind` (`"none"`: none) and a GCE label of `gce_sigma` read;
+    `with_numbers` True keeps the number statistics for metrics even without them,
+    None only when they are read."""
     # Ignored positions: their targets become -1 (no number, no digit), and NaN or inf
     # in their logits reach neither the loss nor the gradient (see `head_stats`).
     keep, targets = losses.keep_positions(targets, weights, jnp.shape(logits)[-1])
+    label = losses.gaussian_label(targets, number_tokens, gce_sigma) if gce_sigma > 0 else None
     head = head_stats(
         logits, targets, keep, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        with_numbers=with_numbers,
+        ntl_kind=None if ntl_kind == "none" else ntl_kind, squash_factor=squash_factor, label=label,
+        with_numbers=(ntl_kind != "none" or gce_sigma > 0) if with_numbers is None else with_numbers,
     )
     return head, targets
 
@@ -473,8 +478,9 @@ def objective_from_head(head: HeadStats, targets, weights, factor, number_tokens
                         vocab: int, ntl_kind, ntl_weight, squash_factor, label_smoothing, z_loss, gce_sigma=0.0):
     """`(loss, parts)` of `cross_entropy_and_ntl` from the head's statistics over a
     `vocab`-wide output, with ignored positions already sanitised (target -1, weight 0).
-    With `gce_sigma` > 0 the label over the number tokens is computed once, from the
-    `N` number logits' width only, for the cross-entropy and for NTL-WAS-CDF."""
+    With `gce_sigma` > 0 the label over the number tokens (`[batch, length, N]`, no
+    logits read) serves NTL-WAS-CDF and marks the smoothed positions, where the
+    cross-entropy reads the head's `numbers.label_logit`."""
     label = losses.target_distribution(targets, number_tokens, gce_sigma) if gce_sigma > 0 else None
     ce, z, weight_sum = _weighted_cross_entropy_sums(
         head, targets, weights, vocab, label_smoothing=label_smoothing, z_loss=z_loss,
@@ -484,7 +490,7 @@ def objective_from_head(head: HeadStats, targets, weights, factor, number_tokens
         ntl = ntl_weight_sum = jnp.float32(0.0)
     else:
         per_position, counted = losses.ntl_per_position(
-            head.number_logits, targets, number_tokens, kind=ntl_kind, masses=head.masses,
+            head.numbers, targets, number_tokens, kind=ntl_kind, masses=head.masses,
             squash_factor=squash_factor, distribution=None if label is None else label[1],
         )
         per_token = losses.reduce_loss(per_position, counted, weights, "none")

@@ -116,15 +116,13 @@ def _number_totals(value, mass, targets, mask, number_tokens: NumberTokens) -> d
 
 def _predictions(head, number_tokens: NumberTokens):
     """`(value, number_mass)` `[batch, length]` from the head's statistics, without
-    gradient: a softmax over the `N` number logits the loss already gathered, and the
-    mass from those and the loss's log-normaliser; no further pass over the vocabulary."""
-    number_logits = jax.lax.stop_gradient(head.number_logits)
-    value = losses.number_prediction(number_logits, number_tokens).value
+    gradient: the expected value the number statistics hold, and the mass from their
+    normaliser and the loss's; no further pass over the vocabulary."""
+    value = jax.lax.stop_gradient(head.numbers.value)
     if head.masses is not None:
         mass = head.masses[0]
     else:
-        log_normalizer = jax.lax.stop_gradient(head.log_normalizer)
-        mass = jnp.exp(jax.nn.logsumexp(number_logits, axis=-1) - log_normalizer)
+        mass = jnp.exp(head.numbers.log_normalizer - head.log_normalizer)
     return value, jax.lax.stop_gradient(mass)
 
 
@@ -205,10 +203,11 @@ def model_loss(
                                       gce_sigma)
     losses.check_inputs(logits, targets, number_tokens, batch.get("decoder_loss_weights"))
     weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
-    # As `cross_entropy_and_ntl`; the number logits are kept for the metrics even when
+    # As `cross_entropy_and_ntl`; the number statistics are kept for the metrics even when
     # the loss has no NTL term.
     head, clean_targets = objective.logits_head_stats(
         logits, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
+        ntl_kind=ntl_kind, squash_factor=squash_factor, gce_sigma=gce_sigma, with_numbers=True,
     )
     return _model_loss_from_head(
         head, clean_targets, weights, factor, batch, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
@@ -253,7 +252,7 @@ def model_loss_from_hidden(
     weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
     head, clean_targets, top = fused.fused_head_stats(
         hidden, kernel, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        chunk_size=chunk_size, with_top=True,
+        ntl_kind=ntl_kind, squash_factor=squash_factor, gce_sigma=gce_sigma, chunk_size=chunk_size, with_top=True,
         shards=vocab_parallel.vocab_shards(vocab_axis, None, vocab, jnp.shape(hidden)[0]),
     )
     correct = (top == targets).astype(jnp.float32)

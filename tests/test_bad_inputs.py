@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ntl_jax
-from ntl_jax import NumberTokens, losses
+from ntl_jax import NumberTokens, losses, number_stats
 from ntl_jax.data.reader import read_pairs
 
 PIECES = ["<pad>", "</s>", "x", "."] + list("0123456789")  # digit d has id d + 4
@@ -446,7 +446,9 @@ def test_reweigh_is_accurate_at_large_logits(scale, number_bias, targets_at):
     else:
         targets = jax.random.randint(jax.random.PRNGKey(8), (4, 16), 4, V)
     # The mass, relative to itself; the rest, a few ulps of 1 (`number_mass`'s contract).
-    _, (mass, rest) = losses.number_mass(logits, losses.number_logits(logits, NT), NT)
+    keep = jnp.ones(logits.shape[:-1], bool)
+    numbers = number_stats.number_stats(logits, keep, jnp.zeros(keep.shape), NT)
+    _, (mass, rest) = losses.number_mass(logits, numbers, keep)
     e = np.exp(np.asarray(logits, np.float64) - np.asarray(logits, np.float64).max(-1, keepdims=True))
     want_mass = e[..., 4:].sum(-1) / e.sum(-1)
     np.testing.assert_allclose(mass, want_mass, rtol=4 * _SUM_ERROR, atol=float(np.finfo(np.float32).tiny))

@@ -71,9 +71,10 @@ def test_quick_run_prints_a_row_per_variant(tmp_path):
     assert rows["ce (again)"][3] == "1.000"  # the same program, compiled again
     for name, cells in rows.items():
         assert len(cells) == (7 if with_ntloss else 5), (name, cells)
-        assert float(cells[0]) > 0 and float(cells[2]) > 0 and float(cells[3]) > 0
+        # The median ms is rounded to 0.1 ms: at these tiny shapes it can read 0.0.
+        assert float(cells[0]) > 0 and float(cells[2]) >= 0 and float(cells[3]) > 0
         if with_ntloss and name not in ("optax_ce", "ce (again)"):  # no torch counterpart
-            assert float(cells[5]) > 0 and float(cells[6]) > 0, (name, cells)
+            assert float(cells[5]) >= 0 and float(cells[6]) > 0, (name, cells)
 
     assert ("| variant | time / optax CE | 95% interval | median ms | peak mem / optax CE | peak MiB |"
             in result.stdout)
@@ -83,7 +84,8 @@ def test_quick_run_prints_a_row_per_variant(tmp_path):
     assert rows["optax_ce (again)"][3] == "1.000"
     for name, cells in rows.items():
         assert len(cells) == 5, (name, cells)  # no torch columns
-        assert float(cells[0]) > 0 and float(cells[2]) > 0 and float(cells[3]) > 0
+        # The median ms is rounded to 0.1 ms: at these tiny shapes it can read 0.0.
+        assert float(cells[0]) > 0 and float(cells[2]) >= 0 and float(cells[3]) > 0
 
     written = json.loads(out.read_text())
     assert [(r["usage"], r["variant"]) for r in written["rows"]] == (

@@ -1,13 +1,7 @@
-"""The 16-bit logits gradient of the standalone losses: exact, every mode of
-differentiation, and (on the CPU) without the float32 `[batch, length, vocab]` buffer
-XLA makes of a 16-bit scatter-add.
-
-XLA's CPU backend widens a bfloat16/float16 scatter-add to a float32 buffer the size of
-the logits, so the transpose of taking the number-token columns cost more than the
-caller's whole cross-entropy backward adds. For up to `losses._SELECT_CHAIN_MAX` number
-tokens, `losses._columns_tangent_cpu` takes the columns as masked sums, whose transpose
-is a sum of selects fused into the caller's gradient; other platforms, float32 and more
-number tokens keep `take`'s own derivative.
+"""The 16-bit logits gradient of the losses and the objective, in each formulation of
+the number statistics (`ntl_jax.number_stats`): the float32 gradient of the widened
+logits rounded once, in every mode of differentiation; and, lowered for each platform,
+the formulation it takes: on accelerators no gather or scatter over the vocabulary.
 """
 
 import re
@@ -15,49 +9,12 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import ntl_jax
-from ntl_jax import NumberTokens, losses
+from ntl_jax import NumberTokens
 
 DTYPES = [jnp.bfloat16, jnp.float16]
-FEW = losses._SELECT_CHAIN_MAX
-
-
-def take(t, ids):
-    return jnp.take(t, ids, axis=-1)
-
-
-def random_ids(rng, n, vocab):
-    """`n` distinct sorted ids, the first and last column of the vocabulary included."""
-    inner = rng.choice(np.arange(1, vocab - 1), size=n - 2, replace=False)
-    return jnp.asarray(np.sort(np.concatenate([[0, vocab - 1], inner])), jnp.int32)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [2, 10, FEW])
-def test_cpu_columns_tangent_and_its_transpose_are_takes(dtype, n):
-    """The masked sums equal `take` and their transpose equals `take`'s transpose (a
-    scatter-add into zeros), value for value, infinities included."""
-    rng = np.random.default_rng(n)
-    shape = (2, 3, 512)
-    ids = random_ids(rng, n, shape[-1])
-    x = rng.standard_normal(shape).astype(np.float32) * 1e3
-    x[0, 0, :] = np.inf  # selected away where not taken
-    x[1, 2, int(ids[1])] = -np.inf
-    x = jnp.asarray(x, dtype)
-    np.testing.assert_array_equal(np.asarray(jax.jit(losses._columns_tangent_cpu)(x, ids), np.float32),
-                                  np.asarray(take(x, ids), np.float32))
-
-    g = rng.standard_normal(shape[:-1] + (n,)).astype(np.float32) * 1e3
-    g[1, 2, :2] = [np.inf, -np.inf]
-    g = jnp.asarray(g, dtype)
-    spec = jax.ShapeDtypeStruct(shape, dtype)
-    got = jax.jit(lambda g: jax.linear_transpose(lambda t: losses._columns_tangent_cpu(t, ids), spec)(g)[0])(g)
-    want = jax.linear_transpose(lambda t: take(t, ids), spec)(g)[0]
-    assert got.dtype == dtype
-    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
 def scattered_table(vocab, count, seed=0):
@@ -89,9 +46,9 @@ def rounded_once(dtype):
     return dict(rtol=float(info.eps) / 2 + 1e-6, atol=float(info.smallest_subnormal) / 2)
 
 
-@pytest.mark.parametrize("count", [10, 120])  # the sum of selects; take's scatter
+@pytest.mark.parametrize("count", [10, 120])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_16_bit_gradient_is_the_rounded_float32_gradient(count, dtype):
+def test_16_bit_gradient_is_the_rounded_float32_gradient(count, dtype, formulation):
     """End to end: the gradient is the float32 one of the widened logits, rounded once
     (half a unit in the last place, also among the subnormals), and 0 off the numbers."""
     nt, logits, targets, weights = problem(count)
@@ -111,10 +68,10 @@ OBJECTIVE_OPTIONS = [dict(ntl_kind="none", label_smoothing=0.1), dict(ntl_kind="
                      dict(ntl_kind="mse", label_smoothing=0.1), dict(ntl_kind="number_level", reweigh=True)]
 
 
-@pytest.mark.parametrize("count", [10, 120])  # the sum of selects; take's scatter
+@pytest.mark.parametrize("count", [10, 120])
 @pytest.mark.parametrize("options", OBJECTIVE_OPTIONS, ids=lambda o: "-".join(map(str, o.values())))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_16_bit_objective_gradient_is_the_rounded_float32_gradient(count, options, dtype):
+def test_16_bit_objective_gradient_is_the_rounded_float32_gradient(count, options, dtype, formulation):
     """`cross_entropy_and_ntl`: every term's gradient (normaliser, target, label
     smoothing, number columns, reweigh's mass) adds up in float32 and is rounded to the
     logits' dtype once, and the loss is the float32 one of the widened logits."""
@@ -132,9 +89,9 @@ def test_16_bit_objective_gradient_is_the_rounded_float32_gradient(count, option
 
 @pytest.mark.parametrize("reweigh", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_16_bit_objective_forward_mode_and_hessian(dtype, reweigh):
+def test_16_bit_objective_forward_mode_and_hessian(dtype, reweigh, formulation):
     """The objective's custom derivatives (the normaliser's sum, the target's select,
-    the columns') are JVP rules: forward mode gives the reverse-mode Jacobian, and the
+    the number statistics') are JVP rules: forward mode gives the reverse-mode Jacobian, and the
     Hessian is the float32 one of the widened logits, with reweigh too."""
     nt, logits, targets, weights = problem(10, vocab=40)
     low = logits[:1, :3].astype(dtype)
@@ -147,7 +104,7 @@ def test_16_bit_objective_forward_mode_and_hessian(dtype, reweigh):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_16_bit_forward_mode_and_hessian(dtype):
+def test_16_bit_forward_mode_and_hessian(dtype, formulation):
     """Forward mode gives the reverse-mode Jacobian, and the Hessian is the float32
     one of the widened logits (the custom derivative is a JVP rule, so every mode of
     differentiation composes)."""
@@ -179,68 +136,21 @@ def assert_forward_mode_and_hessian(f, low):
                                atol=tolerance["atol"] + 1e-6 * scale)
 
 
-def compiled_temp_bytes(fn, *args):
-    return jax.jit(jax.value_and_grad(fn)).lower(*args).compile().memory_analysis().temp_size_in_bytes
-
-
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA's CPU backend widens 16-bit scatters")
 @pytest.mark.parametrize("reweigh", [False, True])
-def test_cpu_backward_next_to_optax_adds_no_float32_logits_buffer(reweigh):
-    """optax CE + ntl_was with bfloat16 logits and ten number tokens compiles to optax
-    CE's temporaries plus `[B, L, N]`-sized ones; take's own transpose added two float32
-    `[B, L, V]` buffers, and float32 exponentials for reweigh one more."""
-    batch, length, vocab, count = 4, 16, 4096, 10
-    nt = scattered_table(vocab, count)
-    args = (jnp.zeros((batch, length, vocab), jnp.bfloat16), jnp.zeros((batch, length), jnp.int32),
-            jnp.ones((batch, length)))
-
-    def ce(lg, t, w):
-        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(lg, t))
-
-    def ce_and_ntl(lg, t, w):
-        return ce(lg, t, w) + 0.3 * ntl_jax.ntl_was(lg, t, nt, weights=w, reweigh=reweigh, reduction="mean")
-
-    # [B, L, N]-sized temporaries only: 64 bytes per position and number token is a
-    # sixth of one bfloat16 [B, L, V] buffer here.
-    extra = compiled_temp_bytes(ce_and_ntl, *args) - compiled_temp_bytes(ce, *args)
-    assert extra <= 64 * batch * length * count, extra
-
-
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA's CPU backend widens 16-bit scatters")
-@pytest.mark.parametrize("kind, reweigh, label_smoothing",
-                         [("none", False, 0.0), ("none", False, 0.1), ("was", False, 0.0), ("was", True, 0.1),
-                          ("mse", True, 0.0)])
-def test_cpu_objective_makes_no_float32_copy_of_16_bit_logits(kind, reweigh, label_smoothing):
-    """`cross_entropy_and_ntl` with bfloat16 logits and ten number tokens compiles to
-    one float32 `[B, L, V]` temporary (the exponentials its sum reads) plus `[B, L,
-    N]`-sized ones. A sanitised float32 copy of the logits made it two, and optax CE's
-    widened target scatter makes it two as well."""
-    batch, length, vocab, count = 4, 16, 4096, 10
-    nt = scattered_table(vocab, count)
-    args = (jnp.zeros((batch, length, vocab), jnp.bfloat16), jnp.zeros((batch, length), jnp.int32))
-
-    def objective(lg, t):
-        return ntl_jax.cross_entropy_and_ntl(lg, t, nt, ntl_kind=kind, reweigh=reweigh,
-                                             label_smoothing=label_smoothing, z_loss=1e-4)[0]
-
-    float32_buffer = batch * length * vocab * 4
-    assert compiled_temp_bytes(objective, *args) <= float32_buffer + 64 * batch * length * count
-
-
-@pytest.mark.parametrize("platform", ["cuda", "tpu"])
-def test_other_platforms_keep_takes_scatter(platform):
-    """Lowered for an accelerator (no device needed), the gradient is take's own
-    scatter-add in bfloat16; lowered for the CPU, with ten number tokens, there is none."""
+def test_each_platform_lowers_its_own_formulation(reweigh):
+    """Lowered for an accelerator (no device needed), the loss has no gather and its
+    gradient no scatter (masked reductions and an elementwise gradient); lowered for the
+    CPU, it is take's gather and scatter of the number columns."""
     nt = scattered_table(512, 10)
     args = (jax.ShapeDtypeStruct((2, 4, 512), jnp.bfloat16), jax.ShapeDtypeStruct((2, 4), jnp.int32))
-    grad = jax.jit(jax.grad(lambda lg, t: ntl_jax.ntl_was(lg, t, nt, reduction="sum")))
+    grad = jax.jit(jax.grad(lambda lg, t: ntl_jax.ntl_was(lg, t, nt, reweigh=reweigh, reduction="sum")))
 
-    def scatters(platforms):
-        """(operand types, result type) of each scatter: its region's closing line."""
-        text = jax.export.export(grad, platforms=platforms)(*args).mlir_module()
-        return [re.search(r"\}\) : \((.*)\) -> (tensor<[^>]*>)", op).groups()
-                for op in text.split('"stablehlo.scatter"')[1:]]
+    def ops(platform, name):
+        """The result types of the ops `name` in the program lowered for `platform`."""
+        text = jax.export.export(grad, platforms=[platform])(*args).mlir_module()
+        return re.findall(rf'"stablehlo.{name}".*?-> (tensor<[^>]*>)', text, flags=re.S)
 
-    assert scatters([platform]) == [
-        ("tensor<2x4x512xbf16>, tensor<10x1xi32>, tensor<2x4x10xbf16>", "tensor<2x4x512xbf16>")]
-    assert scatters(["cpu"]) == []
+    for platform in ("cuda", "tpu"):
+        assert ops(platform, "scatter") == [] and ops(platform, "gather") == []
+    assert ops("cpu", "scatter") == ["tensor<2x4x512xf32>"]
+    assert ops("cpu", "gather") == ["tensor<2x4x10xf32>"]

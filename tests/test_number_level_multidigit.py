@@ -219,9 +219,12 @@ def test_space_marked_pieces_begin_a_new_number():
 
 
 def test_single_digit_vocabulary_gives_the_stored_numbers():
-    """Within 2 float32 ulps per element of the library before multi-digit support (on
-    the machine that wrote the fixture the results are bitwise equal); the gradients
-    within 2 ulps of their largest element."""
+    """Within 2 float32 ulps of 1 per element of the library before multi-digit support
+    (the loss is a ratio in [0, 1] of a difference of whole numbers, whose digits are
+    now summed in another order: its rounding is a few ulps of 1, not of itself); the
+    gradients within 16 ulps of their largest element (each is a difference of terms of
+    about that size, rounded in that other order too, and, on the reductions path of
+    `number_stats`, from probabilities computed along another path)."""
     stored = np.load(FIXTURE)
     inputs = {k.split("/", 1)[1]: stored[k] for k in stored if k.startswith("input/")}
     got = single_digit.outputs(ntl_jax.losses, inputs)
@@ -230,11 +233,12 @@ def test_single_digit_vocabulary_gives_the_stored_numbers():
         want = stored[name]
         if name.endswith("/grad"):
             scale = np.spacing(np.float32(np.max(np.abs(want))))
-            assert np.max(np.abs(value - want)) <= 2 * scale, name
+            assert np.max(np.abs(value - want)) <= 16 * scale, name
         elif name.endswith("/starts"):
             np.testing.assert_array_equal(value, want, err_msg=name)
         else:
-            np.testing.assert_array_max_ulp(value, want, maxulp=2)
+            scale = np.spacing(np.float32(max(1.0, np.max(np.abs(want)))))
+            assert np.max(np.abs(value - want)) <= 2 * scale, name
     assert np.count_nonzero(stored["f1_r0/none/weighted"]) >= 20  # many numbers, not a trivial fixture
 
 
@@ -247,7 +251,11 @@ def test_join_digit_runs_with_counts_of_one_is_the_single_digit_join():
         starts, numbers = join_digit_runs(is_digit, values, dots, 3 if float_level else None,
                                           jnp.ones(is_digit.shape, jnp.int32))
         np.testing.assert_array_equal(starts, stored[f"join_f{int(float_level)}/starts"])
-        np.testing.assert_array_equal(numbers, stored[f"join_f{int(float_level)}/numbers"])
+        # The digits' terms (all >= 0) are now summed in another order: k digits carry
+        # at most (k - 1) half-ulps of relative rounding either way.
+        want = stored[f"join_f{int(float_level)}/numbers"]
+        k = int(np.max(np.sum(stored["input/is_digit"], axis=1)))
+        np.testing.assert_allclose(numbers, want, rtol=k * float(np.finfo(np.float32).eps), atol=0)
 
 
 def test_digit_level_tables_are_unchanged_by_wider_tables_on_single_digits():

@@ -391,7 +391,7 @@ def test_number_metrics_from_the_head_equal_predict_numbers(reweigh):
 def test_metrics_add_no_pass_over_the_vocabulary():
     """Compiled, the loss with every metric exponentiates the `[batch, length, vocab]`
     logits as often as `cross_entropy_and_ntl` alone does (the metrics reuse its
-    log-normaliser and number logits)."""
+    log-normaliser and number statistics)."""
     import re
 
     vocab = 1000
