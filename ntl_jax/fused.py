@@ -437,10 +437,10 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
     shape = (batch, length)
     number_logits = number_logits.reshape(shape + (-1,))
     label = losses.gaussian_label(targets, number_tokens, gce_sigma) if gce_sigma > 0 else None
-    _, target_value = losses.target_values(targets, number_tokens)
-    reads = {number_stats.VALUE} | set(() if ntl_kind == "none" else losses.VARIANTS[ntl_kind].reads)
+    reads = losses.variant_reads(None if ntl_kind == "none" else ntl_kind, label is not None, (number_stats.VALUE,))
+    target_value, target_rank = losses.target_stats_inputs(targets, number_tokens, reads)
     numbers = number_stats.from_columns(
-        number_logits, keep, target_value, label, number_tokens=number_tokens, reads=tuple(sorted(reads)),
+        number_logits, keep, target_value, label, number_tokens=number_tokens, reads=reads, target_rank=target_rank,
         squash_factor=squash_factor if number_stats.DISTANCE in reads else None,
     )
     number_lse = numbers.log_normalizer

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ntl_jax.number_stats import DISTANCE, PROBS, VALUE, NumberStats, number_stats
+from ntl_jax.number_stats import DISTANCE, PROBS, RANK_DISTANCE, VALUE, NumberStats, number_ranks, number_stats
 from ntl_jax.number_tokens import NumberTokens, check_squash_factor
 
 Reduction = Literal["none", "sum", "mean"]
@@ -200,6 +200,13 @@ def target_values(targets, number_tokens: NumberTokens):
     match = _number_match(targets, number_tokens)
     value = jnp.sum(jnp.where(match, jnp.asarray(number_tokens.number_values, jnp.float32), 0.0), axis=-1)
     return jnp.any(match, axis=-1), value
+
+
+def target_ranks(targets, number_tokens: NumberTokens):
+    """`[batch, length]` float32: each target's place among the number tokens sorted by
+    value (`number_stats.number_ranks`), 0 where not a number."""
+    match = _number_match(targets, number_tokens)
+    return jnp.sum(jnp.where(match, number_ranks(number_tokens), 0.0), axis=-1)
 
 
 def _number_match(targets, number_tokens: NumberTokens):
@@ -439,9 +446,9 @@ class NumberTarget(NamedTuple):
     ids: jax.Array  # [batch, length] token ids
     is_number: jax.Array  # [batch, length] bool: the id is a number token
     value: jax.Array  # [batch, length]: its value, 0 where not a number
-    # [batch, length, N]: the label as a distribution over the number tokens (one-hot,
-    # or Gaussian-smoothed, see `target_distribution`), given only to the variants that
-    # read it (`Variant.needs_distribution`), else None.
+    # [batch, length, N]: a Gaussian-smoothed label over the number tokens
+    # (`target_distribution`), given only to the variants that read one
+    # (`Variant.smoothed_reads`); None: the one-hot.
     distribution: jax.Array | None = None
 
 
@@ -526,7 +533,16 @@ def _was(stats, target, number_tokens, squash_factor):
 
 def _was_cdf(stats, target, number_tokens, squash_factor):
     """`sum_k |CDF_p(k) - CDF_q(k)|` over the number tokens sorted by value (ties in id
-    order), as the authors' `WassersteinNumberTokenLoss`: no gap weights (see `VARIANTS`)."""
+    order), as the authors' `WassersteinNumberTokenLoss`: no gap weights (see `VARIANTS`).
+
+    Against a one-hot label at place `t` the sum is `sum_j p_j |j - t|` over the places
+    `j`: `CDF_q` steps from 0 to 1 at `t`, so the sum counts each token below `t` once
+    for every place it lies under, and each above likewise, with no absolute value of a
+    difference of sums left. That expected distance in rank is a statistic like NTL-WAS's
+    (`NumberStats.rank_distance`), with no `p` over the number tokens to sort. A smoothed
+    label (GCE) needs the cumulative sums themselves."""
+    if target.distribution is None:
+        return stats.rank_distance, target.is_number
     values = number_tokens.number_values
     gap = stats.probs - target.distribution
     if is_concrete(values):  # the usual closure constant: sorted once, on the host
@@ -598,13 +614,14 @@ class Variant(NamedTuple):
     """An NTL variant: `loss(stats, target, number_tokens, squash_factor)` gives
     `(per-position loss, counted)` from the `NumberStats` it `reads`;
     `ceiling(number_tokens, squash_factor)` is the largest value it takes, which
-    `reweigh` charges (x1.01) for mass off the numbers; `needs_distribution`: it reads
-    `target.distribution` (the one-hot, or the GCE label)."""
+    `reweigh` charges (x1.01) for mass off the numbers; `smoothed_reads`: what it reads
+    instead against a Gaussian-smoothed label, which it is then given as
+    `target.distribution` (variants without ignore the label)."""
 
     loss: Callable
     ceiling: Callable
     reads: tuple
-    needs_distribution: bool = False
+    smoothed_reads: tuple | None = None
 
 
 # The one table of NTL variants, by the name every API takes (`kind`, `ntl_kind`,
@@ -619,7 +636,8 @@ VARIANTS = {
     # NTL-WAS-CDF: the authors sum |CDF_p - CDF_q| over the sorted number tokens without
     # weighting by the gaps between their values, so it is measured in ranks: NTL-WAS on
     # evenly spaced unit values (digits), and at most N - 1.
-    "was_cdf": Variant(_was_cdf, lambda nt, _: jnp.float32(nt.num_numbers - 1), (PROBS,), needs_distribution=True),
+    "was_cdf": Variant(_was_cdf, lambda nt, _: jnp.float32(nt.num_numbers - 1), (RANK_DISTANCE,),
+                       smoothed_reads=(PROBS,)),
 }
 KINDS = tuple(VARIANTS)
 
@@ -638,17 +656,15 @@ def ntl_per_position(stats: NumberStats, targets, number_tokens, *, kind="was", 
     the number tokens' statistics alone (`NumberStats` with what `VARIANTS[kind].reads`).
 
     `masses` is `(mass, rest)`, the full-vocabulary probability on the number tokens and
-    on the others, to reweigh with; None does not reweigh. `distribution` is the label
-    over the number tokens (`target_distribution`) for the variants that read one; None
-    gives them the one-hot. Inputs are assumed checked and ignored positions sanitised
-    (target -1).
+    on the others, to reweigh with; None does not reweigh. `distribution` is a
+    Gaussian-smoothed label over the number tokens (`target_distribution`) for the
+    variants that read one (`stats` then holds their `smoothed_reads`); None is the
+    one-hot. Inputs are assumed checked and ignored positions sanitised (target -1).
     """
     check_kind(kind, squash_factor)
     variant = VARIANTS[kind]
-    if variant.needs_distribution and distribution is None:
-        distribution = target_distribution(targets, number_tokens)[1]
     target = NumberTarget(targets, *target_values(targets, number_tokens),
-                          distribution=distribution if variant.needs_distribution else None)
+                          distribution=distribution if variant.smoothed_reads else None)
     loss, counted = variant.loss(stats, target, number_tokens, squash_factor)
     if masses is not None:
         mass, rest = masses
@@ -656,14 +672,28 @@ def ntl_per_position(stats: NumberStats, targets, number_tokens, *, kind="was", 
     return loss, counted
 
 
+def variant_reads(kind, smoothed=False, reads=()):
+    """The `NumberStats` the variant `kind` reads (`kind` None for none), with a
+    Gaussian-smoothed label if `smoothed`, and `reads` besides, as a sorted tuple."""
+    variant = None if kind is None else VARIANTS[kind]
+    own = () if variant is None else variant.smoothed_reads if smoothed and variant.smoothed_reads else variant.reads
+    return tuple(sorted(set(reads) | set(own)))
+
+
+def target_stats_inputs(targets, number_tokens, reads):
+    """`(target_value, target_rank)` for `number_stats` (the rank None unless read)."""
+    _, value = target_values(targets, number_tokens)
+    return value, target_ranks(targets, number_tokens) if RANK_DISTANCE in reads else None
+
+
 def variant_stats(kind, wide, keep, targets, number_tokens, *, squash_factor=None, label=None, reads=(),
                   logits=None):
     """The `NumberStats` the variant `kind` reads (and `reads`; `kind` None for none)
     of the float32 logits `wide` (see `number_stats`), `targets` sanitised (-1 where not
-    `keep`); `label` and `logits` as in `number_stats`."""
-    reads = set(reads) | set(() if kind is None else VARIANTS[kind].reads)
-    _, value = target_values(targets, number_tokens)
-    return number_stats(wide, keep, value, number_tokens, reads=tuple(sorted(reads)),
+    `keep`); `label` (a Gaussian-smoothed one, or None) and `logits` as in `number_stats`."""
+    reads = variant_reads(kind, label is not None, reads)
+    value, rank = target_stats_inputs(targets, number_tokens, reads)
+    return number_stats(wide, keep, value, number_tokens, reads=reads, target_rank=rank,
                         squash_factor=squash_factor if DISTANCE in reads else None, label=label, logits=logits)
 
 

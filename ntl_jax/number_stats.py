@@ -2,7 +2,9 @@
 
 Every variant is a function of a few statistics of `p`, the softmax over the number
 tokens only (`NumberStats`): its normaliser, the expected value `sum_j p_j v_j`, the
-expected distance to the target `sum_j p_j D(v_j, y)`, and for NTL-WAS-CDF `p` itself.
+expected distance to the target `sum_j p_j D(v_j, y)`, the expected distance in rank
+`sum_j p_j |r_j - r_t|` (NTL-WAS-CDF against a one-hot label, see `losses._was_cdf`), and
+for NTL-WAS-CDF against a smoothed label `p` itself.
 They are computed one of two ways, which give the same numbers (to float32 rounding)
 and differ only in what the compiled program moves:
 
@@ -37,7 +39,7 @@ import numpy as np
 from ntl_jax.number_tokens import NumberTokens
 
 # What a variant may read from `NumberStats` (`losses.Variant.reads`).
-VALUE, DISTANCE, PROBS = "value", "distance", "probs"
+VALUE, DISTANCE, RANK_DISTANCE, PROBS = "value", "distance", "rank_distance", "probs"
 # For `probs` the reductions path takes each number token's column as a masked sum over
 # the vocabulary (its gradient a select), each adding a compare, a select and an add
 # per element of the logits; beyond this many number tokens it takes the columns with a
@@ -57,6 +59,8 @@ class NumberStats(NamedTuple):
     - `value`: `sum_j p_j v_j` (or None if not asked for);
     - `distance`: `sum_j p_j D(v_j, y)`, `D` the (squashed) distance to the target's
       value `y` (or None);
+    - `rank_distance`: `sum_j p_j |r_j - r_t|`, `r_j` the number token's place when they
+      are sorted by value (`number_ranks`), `r_t` the target's (or None);
     - `probs`: `p`, `[batch, length, N]` (or None);
     - `label_logit`: `sum_j q_j logit_j` for a label `q` over the number tokens
       (Gaussian-smoothed CE), or None.
@@ -66,6 +70,7 @@ class NumberStats(NamedTuple):
     exp_sum: jax.Array
     value: jax.Array | None = None
     distance: jax.Array | None = None
+    rank_distance: jax.Array | None = None
     probs: jax.Array | None = None
     label_logit: jax.Array | None = None
 
@@ -75,20 +80,22 @@ class NumberStats(NamedTuple):
 
 
 def number_stats(wide, keep, target_value, number_tokens: NumberTokens, *, reads=(), squash_factor=None,
-                 label=None, logits=None):
+                 label=None, logits=None, target_rank=None):
     """`NumberStats` of float32 `[batch, length, vocab]` logits (widened from any dtype:
     XLA fuses the conversion into each pass) at the positions `keep`; whatever the
     logits hold elsewhere reaches neither the statistics nor their gradients.
 
-    `reads` names the statistics to compute (`VALUE`, `DISTANCE`, `PROBS`);
-    `target_value` `[batch, length]` is the target's value (for `DISTANCE`; 0 where no
-    number); `label` a `losses.GaussianLabel` for `label_logit` (GCE), or None.
+    `reads` names the statistics to compute (`VALUE`, `DISTANCE`, `RANK_DISTANCE`,
+    `PROBS`); `target_value` `[batch, length]` is the target's value (for `DISTANCE`; 0
+    where no number), `target_rank` its place in value order (for `RANK_DISTANCE`, see
+    `number_ranks`); `label` a `losses.GaussianLabel` for `label_logit` (GCE), or None.
     `logits`, the logits in their own dtype (default `wide`), give the largest number
     logit: a maximum commutes with widening, and taken in the logits' dtype XLA fuses it
     with a cross-entropy's own (see `losses.log_normalizer`).
     """
     args = (wide, keep, target_value, label, wide if logits is None else logits)
-    options = dict(number_tokens=number_tokens, reads=tuple(reads), squash_factor=squash_factor)
+    options = dict(number_tokens=number_tokens, reads=tuple(reads), squash_factor=squash_factor,
+                   target_rank=target_rank)
     columns = functools.partial(_from_logits_by_columns, **options)
     reductions = functools.partial(from_reductions, **options)
     if _FORCE == "columns":
@@ -110,7 +117,7 @@ def _from_logits_by_columns(wide, keep, target_value, label, logits, **options):
 
 
 def from_columns(columns, keep, target_value, label=None, *, number_tokens: NumberTokens, reads=(),
-                 squash_factor=None):
+                 squash_factor=None, target_rank=None):
     """`NumberStats` from the number tokens' logits `[batch, length, N]` float32
     (sanitised: finite, or -inf, at ignored positions)."""
     shift = _finite_max(columns, keep)
@@ -124,38 +131,41 @@ def from_columns(columns, keep, target_value, label=None, *, number_tokens: Numb
         value=jnp.sum(probs * v, axis=-1) if VALUE in reads else None,
         distance=(jnp.sum(probs * _distance(v, target_value[..., None], number_tokens, squash_factor), axis=-1)
                   if DISTANCE in reads else None),
+        rank_distance=(jnp.sum(probs * jnp.abs(number_ranks(number_tokens) - target_rank[..., None]), axis=-1)
+                       if RANK_DISTANCE in reads else None),
         probs=probs if PROBS in reads else None,
         label_logit=None if label is None else jnp.sum(label.at(v, _column_counts(number_tokens)) * columns, axis=-1),
     )
 
 
 def from_reductions(wide, keep, target_value, label=None, logits=None, *, number_tokens: NumberTokens, reads=(),
-                    squash_factor=None):
+                    squash_factor=None, target_rank=None):
     """`NumberStats` from the whole logits by masked reductions over the vocabulary
     (see the module docstring). `PROBS` needs every column: they are taken as one masked
     sum each (up to `_COLUMNS_BY_REDUCTION_MAX` number tokens, else gathered), and
     everything follows from them as on the columns path."""
-    options = dict(number_tokens=number_tokens, reads=reads, squash_factor=squash_factor)
+    options = dict(number_tokens=number_tokens, reads=reads, squash_factor=squash_factor, target_rank=target_rank)
     if PROBS in reads:
         n = int(np.shape(number_tokens.ids)[0])
         if n > _COLUMNS_BY_REDUCTION_MAX:
             return _from_logits_by_columns(wide, keep, target_value, label, logits, **options)
         return from_columns(_masked_columns(wide, keep, number_tokens), keep, target_value, label, **options)
     vocab = wide.shape[-1]
-    is_number, values, index, counts = _vocab_tables(number_tokens, vocab)
-    features = _Features(VALUE in reads, DISTANCE in reads, squash_factor, number_tokens)
+    is_number, values, ranks, counts = _vocab_tables(number_tokens, vocab)
+    features = _Features(VALUE in reads, DISTANCE in reads, RANK_DISTANCE in reads, squash_factor, number_tokens)
     # The largest number logit, in the logits' own dtype (see `number_stats`).
     masked = jnp.where(is_number, wide if logits is None else logits, -jnp.inf)
     shift = _finite_max(masked, keep).astype(jnp.float32)
-    exp_sum, moments = _number_moments(features, wide, shift, keep, (is_number, values, index), target_value)
-    value, distance = features.split(moments)
+    targets = (target_value, target_rank)
+    exp_sum, moments = _number_moments(features, wide, shift, keep, (is_number, values, ranks), targets)
+    value, distance, rank_distance = features.split(moments)
     label_logit = None
     if label is not None:
         # sum_j q_j logit_j as a masked sum over the vocabulary, q computed at every
         # column from its value and digit count. Its gradient (q) does not read the logits.
         q = label.at(values, counts)
         label_logit = jnp.sum(jnp.where(keep[..., None] & is_number, q * wide, 0.0), axis=-1)
-    return NumberStats(jnp.where(keep, shift, 0.0), exp_sum, value, distance, None, label_logit)
+    return NumberStats(jnp.where(keep, shift, 0.0), exp_sum, value, distance, rank_distance, None, label_logit)
 
 
 def _masked_columns(wide, keep, number_tokens: NumberTokens):
@@ -163,7 +173,7 @@ def _masked_columns(wide, keep, number_tokens: NumberTokens):
     them with the other reductions over the logits, and their gradient is a select per
     number token, fused into the other gradients (a gather's transpose is a scatter)."""
     column = jax.lax.broadcasted_iota(jnp.int32, wide.shape, wide.ndim - 1)
-    ids = np.asarray(number_tokens.ids) if not isinstance(number_tokens.ids, jax.core.Tracer) else number_tokens.ids
+    ids = number_tokens.ids if _is_traced(number_tokens.ids) else np.asarray(number_tokens.ids)
     sums = [jnp.sum(jnp.where(column == ids[j], wide, 0.0), axis=-1) for j in range(ids.shape[0])]
     return jnp.where(keep[..., None], jnp.stack(sums, axis=-1), 0.0)
 
@@ -184,55 +194,80 @@ def _column_counts(number_tokens: NumberTokens):
     return jnp.asarray(number_tokens.digit_counts, jnp.int32)[jnp.asarray(number_tokens.ids)]
 
 
+def number_ranks(number_tokens: NumberTokens):
+    """`[N]` float32: each number token's place (0 to N - 1) when the number tokens are
+    sorted by value, ties in `number_tokens.ids` order (as NTL-WAS-CDF sorts them); a
+    NumPy array (a constant of the program) unless the values are traced."""
+    values = number_tokens.number_values
+    if _is_traced(values):
+        order = jnp.argsort(jnp.asarray(values, jnp.float32), stable=True)
+        return jnp.zeros(order.shape, jnp.float32).at[order].set(jnp.arange(order.shape[0], dtype=jnp.float32))
+    order = np.argsort(np.asarray(values, np.float32), kind="stable")
+    ranks = np.empty(order.shape, np.float32)
+    ranks[order] = np.arange(order.shape[0])
+    return ranks
+
+
+def _is_traced(x):
+    return isinstance(x, jax.core.Tracer)
+
+
 def _vocab_tables(number_tokens: NumberTokens, vocab: int):
-    """`(is_number, values, index, counts)`, each `[vocab]`: whether the id is a number
-    token, its value (0 elsewhere), its place among the number tokens (-1 elsewhere) and
-    the digits it writes (0 elsewhere)."""
-    if isinstance(number_tokens.ids, jax.core.Tracer) or isinstance(number_tokens.number_values, jax.core.Tracer):
+    """`(is_number, values, ranks, counts)`, each `[vocab]`: whether the id is a number
+    token, its value, its place in value order (`number_ranks`) and the digits it writes
+    (each 0 off the number tokens)."""
+    if _is_traced(number_tokens.ids) or _is_traced(number_tokens.number_values):
         ids = jnp.asarray(number_tokens.ids)
-        n = ids.shape[0]
-        index = jnp.full(vocab, -1, jnp.int32).at[ids].set(jnp.arange(n, dtype=jnp.int32))
+        is_number = jnp.zeros(vocab, bool).at[ids].set(True)
         values = jnp.zeros(vocab, jnp.float32).at[ids].set(jnp.asarray(number_tokens.number_values, jnp.float32))
+        ranks = jnp.zeros(vocab, jnp.float32).at[ids].set(number_ranks(number_tokens))
         counts = jnp.zeros(vocab, jnp.int32).at[ids].set(_column_counts(number_tokens))
-        return index >= 0, values, index, counts
+        return is_number, values, ranks, counts
     # The usual closure constants: built on the host, constants of the program.
     ids = np.asarray(number_tokens.ids)
-    index = np.full(vocab, -1, np.int32)
-    index[ids] = np.arange(ids.shape[0])
+    is_number = np.zeros(vocab, bool)
+    is_number[ids] = True
     values = np.zeros(vocab, np.float32)
     values[ids] = np.asarray(number_tokens.number_values, np.float32)
+    ranks = np.zeros(vocab, np.float32)
+    ranks[ids] = number_ranks(number_tokens)
     counts = np.zeros(vocab, np.int32)
     counts[ids] = np.asarray(number_tokens.digit_counts, np.int32)[ids]
-    return jnp.asarray(index >= 0), jnp.asarray(values), jnp.asarray(index), jnp.asarray(counts)
+    return tuple(jnp.asarray(t) for t in (is_number, values, ranks, counts))
 
 
 class _Features:
-    """The functions of a number token's value whose expectations under `p` the
-    reductions path computes: its value and its distance to the target's."""
+    """The functions of a number token whose expectations under `p` the reductions path
+    computes: its value, its distance to the target's value, its distance in rank to
+    the target's."""
 
-    def __init__(self, value, distance, squash_factor, number_tokens):
-        self.value, self.distance = value, distance
+    def __init__(self, value, distance, rank_distance, squash_factor, number_tokens):
+        self.wanted = (value, distance, rank_distance)
         self.squash_factor, self.number_tokens = squash_factor, number_tokens
 
-    def __call__(self, tables, target_value):
+    def __call__(self, tables, targets):
         """`[K]` features, each broadcastable to `[batch, length, vocab]` float32."""
-        _, values, _ = tables
-        out = []
-        if self.value:
-            out.append(values)
-        if self.distance:
-            out.append(_distance(values, target_value[..., None], self.number_tokens, self.squash_factor))
-        return out
+        _, values, ranks = tables
+        target_value, target_rank = targets
+        make = (
+            lambda: values,
+            lambda: _distance(values, target_value[..., None], self.number_tokens, self.squash_factor),
+            lambda: jnp.abs(ranks - target_rank[..., None]),
+        )
+        return [f() for f, wanted in zip(make, self.wanted) if wanted]
 
     def split(self, moments):
-        """`(value, distance)` from the stacked moments `[batch, length, K]`."""
-        value = moments[..., 0] if self.value else None
-        distance = moments[..., int(self.value)] if self.distance else None
-        return value, distance
+        """`(value, distance, rank_distance)` from the stacked moments `[batch, length, K]`
+        (None for those not computed)."""
+        out, k = [], 0
+        for wanted in self.wanted:
+            out.append(moments[..., k] if wanted else None)
+            k += int(wanted)
+        return tuple(out)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _number_moments(features, wide, shift, keep, tables, target_value):
+def _number_moments(features, wide, shift, keep, tables, targets):
     """`(exp_sum, moments)`: `NumberStats`' exponential sum about `shift` (the largest
     number logit, a constant), and `moments` `[batch, length, K]`, `sum_j p_j f_k(v_j)`
     for the `K` `features`, all as masked reductions over the vocabulary (0 at positions
@@ -243,7 +278,7 @@ def _number_moments(features, wide, shift, keep, tables, target_value):
     mask = keep[..., None] & tables[0]
     exp = jnp.where(mask, jnp.exp(wide - shift[..., None]), 0.0)
     exp_sum = jnp.where(keep, jnp.sum(exp, axis=-1), 1.0)
-    feats = features(tables, target_value)
+    feats = features(tables, targets)
     moments = [jnp.sum(exp * f, axis=-1) / exp_sum for f in feats]
     stacked = jnp.stack(moments, axis=-1) if moments else jnp.zeros(keep.shape + (0,), jnp.float32)
     return exp_sum, stacked
@@ -251,9 +286,9 @@ def _number_moments(features, wide, shift, keep, tables, target_value):
 
 @_number_moments.defjvp
 def _number_moments_jvp(features, primals, tangents):
-    wide, shift, keep, tables, target_value = primals
+    wide, shift, keep, tables, targets = primals
     dwide = tangents[0]
-    exp_sum, moments = _number_moments(features, wide, shift, keep, tables, target_value)
+    exp_sum, moments = _number_moments(features, wide, shift, keep, tables, targets)
     # p from the log-normaliser, not from the forward pass's exponentials, so XLA
     # recomputes it in the gradient's own fused pass rather than keeping
     # `[batch, length, vocab]` of exponentials between the two.
@@ -261,7 +296,7 @@ def _number_moments_jvp(features, primals, tangents):
     log_normalizer = shift + jnp.log(exp_sum)
     p = jnp.where(mask, jnp.exp(wide - log_normalizer[..., None]), 0.0)
     d_exp_sum = exp_sum * jnp.sum(p * dwide, axis=-1)
-    feats = features(tables, target_value)
+    feats = features(tables, targets)
     d_moments = [jnp.sum(p * (f - moments[..., k, None]) * dwide, axis=-1) for k, f in enumerate(feats)]
     d_stacked = jnp.stack(d_moments, axis=-1) if d_moments else jnp.zeros_like(moments)
     return (exp_sum, moments), (d_exp_sum, d_stacked)
