@@ -154,3 +154,44 @@ def test_each_platform_lowers_its_own_formulation(reweigh):
         assert ops(platform, "scatter") == [] and ops(platform, "gather") == []
     assert ops("cpu", "scatter") == ["tensor<2x4x512xf32>"]
     assert ops("cpu", "gather") == ["tensor<2x4x10xf32>"]
+
+
+@pytest.mark.parametrize("shift", [3.0, 17.5])
+def test_reweigh_gradient_off_the_numbers_at_a_small_number_mass(shift, formulation):
+    """One position, target "3", a 32,100-piece vocabulary with the digits at scattered
+    ids, logits `3 * randn` with the number tokens' lowered by `shift` (a number mass
+    about 1.6e-6 and 1e-12): `ntl_was(reweigh=True)`'s float32 gradient against float64.
+    Off the numbers it is `(ntl - 1.01 * ceiling) * d mass`, `d mass = -p_v * mass`: a
+    rest formed as `1 - mass` and then differentiated would lose float32's eps over the
+    mass there (4.9e-3 relative at 1.6e-6)."""
+    vocab = 32_100
+    nt = scattered_table(vocab, 10, seed=3)
+    ids = np.asarray(nt.ids)
+    rng = np.random.default_rng(1)
+    logits = 3.0 * rng.standard_normal((1, 1, vocab))
+    logits[..., ids] -= shift
+    target = jnp.asarray([[ids[np.flatnonzero(np.asarray(nt.number_values) == 3)[0]]]], jnp.int32)
+    ceiling = float(ntl_jax.losses.VARIANTS["was"].ceiling(nt, None))
+
+    # The gradient in closed form, float64, every factor formed without cancellation
+    # (autodiff of a float64 softmax would form d rest = p_v (1 - rest), float64's eps
+    # over the mass: 1.4e-4 relative at 1e-12): the loss is W m + c rest, so off the
+    # numbers (c - W) m p_v, on them m p~_j (|v_j - y| - W) + (W - c) p_j rest.
+    z = logits[0, 0]
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    is_number = np.zeros(vocab, bool)
+    is_number[ids] = True
+    mass, rest = p[is_number].sum(), p[~is_number].sum()
+    distance = np.abs(np.asarray(nt.number_values, np.float64) - 3.0)
+    inner = p[ids] / mass
+    w = np.sum(inner * distance)
+    c = 1.01 * ceiling
+    want = (c - w) * mass * p
+    want[ids] = mass * inner * (distance - w) + (w - c) * p[ids] * rest
+    assert (1e-6 < mass < 3e-6) if shift == 3.0 else (3e-13 < mass < 3e-12), mass
+    got = np.asarray(jax.grad(lambda z: ntl_jax.ntl_was(z, target, nt, reweigh=True, reduction="sum"))(
+        jnp.asarray(logits, jnp.float32)))[0, 0].astype(np.float64)
+    relative = np.abs(got[~is_number] - want[~is_number]) / np.abs(want[~is_number])
+    assert np.median(relative) <= 1e-5, np.median(relative)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1e-5
