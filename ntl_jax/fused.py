@@ -21,6 +21,7 @@ kernel's gradient, so the kernel is never gathered.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -314,7 +315,7 @@ def fused_cross_entropy_and_ntl(
     number_tokens: NumberTokens,
     *,
     weights: ArrayLike | None = None,
-    ntl_kind: str = "was",
+    ntl_kind: str | Callable = "was",
     ntl_weight: float = 0.3,
     reweigh: bool = False,
     squash_factor: float | None = None,

@@ -36,6 +36,7 @@ assumed finite and non-negative.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Callable, Literal, NamedTuple
@@ -379,7 +380,8 @@ def target_digit_counts(targets, number_tokens: NumberTokens):
     return counts, jnp.any(match & jnp.asarray(number_tokens.opens_number, bool)[ids], axis=-1)
 
 
-def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_counts=None, opens=None):
+def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_counts=None, opens=None,
+                    max_number_length=None):
     """Joins runs of number tokens into numbers, placing each number at its first token.
 
     The vectorised twin of ntloss's `NumberLevelLoss.convert_digits_to_numbers`: a run
@@ -393,7 +395,8 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
     and "12", "007" read 12007 (leading zeros count). A number token that writes no
     plain digits (count 0: "-1", "3.5", "1e3") is a number of its own: it breaks runs on
     both sides and is its own value, since a sign, point or exponent has no place in a
-    run of digits. Places beyond 10^19 are clipped to 10^19, as ntloss's powers of ten.
+    run of digits. Places beyond `10^(max_number_length - 1)` are clipped to it, as
+    ntloss's powers of ten (its default `max_number_length` 20: 10^19).
 
     Args:
       is_digit: `[batch, length]` bool, the number-token positions.
@@ -404,6 +407,8 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
         (`target_digit_counts`), or None for single-digit tokens (1 at every number).
       opens: `[batch, length]` bool, True where a target begins a new number whatever
         precedes it (a space-marked piece such as "Ġ12"), or None for none.
+      max_number_length: the most places a number has (None: ntloss's 20); the digits
+        of a longer number all take the highest place.
 
     Returns:
       `(starts, numbers)`: `starts` `[batch, length]` marks the first token of each
@@ -431,7 +436,8 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
     # element), restarting after each number's last token.
     ends = _shift_left(starts | ~in_number, True)
     # Exponent of each token: how many digits of its number come after it.
-    exponent = jnp.clip(_suffix_sums(counts, ends) - counts, 0, _MAX_NUMBER_LENGTH - 1)
+    places = _MAX_NUMBER_LENGTH if max_number_length is None else max_number_length
+    exponent = jnp.clip(_suffix_sums(counts, ends) - counts, 0, places - 1)
     contribution = jnp.where(joins, digit_values * (10.0 ** exponent.astype(jnp.float32)), 0.0)
     numbers = jnp.where(starts, _suffix_sums(contribution, ends), jnp.where(alone, digit_values, 0.0))
     return starts | alone, numbers
@@ -592,18 +598,20 @@ def _regression(fn):
     return loss
 
 
-def _number_level(float_level: bool):
+def _number_level(float_level: bool, max_number_length=None):
     """Symmetric MAPE on whole numbers, placed at their first token (`NumberLevelLoss`).
 
     Both the label and the prediction are placed by the target's digit counts, so a
     multi-digit tokenizer's "123", "4" is scored as 1234 against `10 E[v_1] + E[v_2]`
-    (see `join_digit_runs`)."""
+    (see `join_digit_runs`, and for `max_number_length`)."""
 
     def loss(stats, target, number_tokens, squash_factor):
         dot_id = number_tokens.dot_id if float_level else None
         counts, opens = target_digit_counts(target.ids, number_tokens)
-        starts, y = join_digit_runs(target.is_number, target.value, target.ids, dot_id, counts, opens)
-        _, yhat = join_digit_runs(target.is_number, stats.value, target.ids, dot_id, counts, opens)
+        join = functools.partial(join_digit_runs, dot_id=dot_id, digit_counts=counts, opens=opens,
+                                 max_number_length=max_number_length)
+        starts, y = join(target.is_number, target.value, target.ids)
+        _, yhat = join(target.is_number, stats.value, target.ids)
         # Bounded in [0, 1].
         return jnp.abs(yhat - y) / (jnp.abs(yhat) + jnp.abs(y) + _EPS), starts
 
@@ -642,10 +650,50 @@ VARIANTS = {
 KINDS = tuple(VARIANTS)
 
 
+@functools.lru_cache(maxsize=64)
+def dot_variant(fn: Callable) -> Variant:
+    """NTL-L_p with any loss `fn(prediction, target)`, elementwise on `[batch, length]`
+    float32 arrays of the expected value and the label's (ntloss's
+    `NTLossDotProduct(loss_function=fn)`). `reweigh` charges `max(|fn(lo, hi)|,
+    |fn(hi, lo)|)` over the number tokens' lowest and highest values, as ntloss does."""
+
+    def loss(stats, target, number_tokens, squash_factor):
+        # Where the target is no number the loss is not counted: the prediction stands
+        # in for it there, so `fn` sees a difference of 0 rather than an arbitrary one.
+        return fn(stats.value, jnp.where(target.is_number, target.value, stats.value)), target.is_number
+
+    def ceiling(number_tokens, squash_factor):
+        v = jnp.asarray(number_tokens.number_values, jnp.float32)
+        lo, hi = jnp.min(v), jnp.max(v)
+        return jnp.maximum(jnp.abs(fn(lo, hi)), jnp.abs(fn(hi, lo))).astype(jnp.float32)
+
+    return Variant(loss, ceiling, (VALUE,))
+
+
+@functools.lru_cache(maxsize=64)
+def number_level_variant(float_level: bool, max_number_length: int) -> Variant:
+    """The number-level loss with numbers of at most `max_number_length` places."""
+    return Variant(_number_level(float_level, max_number_length), lambda nt, _: jnp.float32(1.0), (VALUE,))
+
+
+def variant_of(kind) -> Variant:
+    """The `Variant` of `kind`: a name in `VARIANTS`, a `Variant`, or a loss function
+    `(prediction, target) -> loss` (`dot_variant`)."""
+    if isinstance(kind, Variant):
+        return kind
+    if isinstance(kind, str):
+        return VARIANTS[kind]
+    return dot_variant(kind)
+
+
 def check_kind(kind, squash_factor=None, name: str = "kind") -> None:
-    """Raises ValueError unless `kind` names a variant (and `squash_factor` suits it)."""
-    if not isinstance(kind, str) or kind not in VARIANTS:
-        raise ValueError(f"expected {name} in {KINDS}, got {kind!r}")
+    """Raises ValueError unless `kind` names a variant, is a `Variant` or a loss
+    function `(prediction, target) -> loss` (and `squash_factor` suits it)."""
+    if isinstance(kind, str):
+        if kind not in VARIANTS:
+            raise ValueError(f"expected {name} in {KINDS} or a function (prediction, target) -> loss, got {kind!r}")
+    elif not (isinstance(kind, Variant) or callable(kind)):
+        raise ValueError(f"expected {name} in {KINDS} or a function (prediction, target) -> loss, got {kind!r}")
     if squash_factor is not None and kind != "was":
         raise ValueError(f"squash_factor applies only to {name}='was', got {name}={kind!r}")
 
@@ -653,7 +701,7 @@ def check_kind(kind, squash_factor=None, name: str = "kind") -> None:
 def ntl_per_position(stats: NumberStats, targets, number_tokens, *, kind="was", masses=None, squash_factor=None,
                      distribution=None):
     """`(loss, counted)`, both `[batch, length]`: the NTL `kind` at every position, from
-    the number tokens' statistics alone (`NumberStats` with what `VARIANTS[kind].reads`).
+    the number tokens' statistics alone (`NumberStats` with what `variant_of(kind).reads`).
 
     `masses` is `(mass, rest)`, the full-vocabulary probability on the number tokens and
     on the others, to reweigh with; None does not reweigh. `distribution` is a
@@ -662,7 +710,7 @@ def ntl_per_position(stats: NumberStats, targets, number_tokens, *, kind="was", 
     one-hot. Inputs are assumed checked and ignored positions sanitised (target -1).
     """
     check_kind(kind, squash_factor)
-    variant = VARIANTS[kind]
+    variant = variant_of(kind)
     target = NumberTarget(targets, *target_values(targets, number_tokens),
                           distribution=distribution if variant.smoothed_reads else None)
     loss, counted = variant.loss(stats, target, number_tokens, squash_factor)
@@ -675,7 +723,7 @@ def ntl_per_position(stats: NumberStats, targets, number_tokens, *, kind="was", 
 def variant_reads(kind, smoothed=False, reads=()):
     """The `NumberStats` the variant `kind` reads (`kind` None for none), with a
     Gaussian-smoothed label if `smoothed`, and `reads` besides, as a sorted tuple."""
-    variant = None if kind is None else VARIANTS[kind]
+    variant = None if kind is None else variant_of(kind)
     own = () if variant is None else variant.smoothed_reads if smoothed and variant.smoothed_reads else variant.reads
     return tuple(sorted(set(reads) | set(own)))
 
@@ -767,22 +815,26 @@ def ntl_dot(
     number_tokens: NumberTokens,
     *,
     weights: ArrayLike | None = None,
-    loss: DotLoss = "mse",
+    loss: DotLoss | Callable = "mse",
     reweigh: bool = False,
     reduction: Reduction = "none",
 ) -> jax.Array:
-    """NTL-MSE / MAE / Huber: a regression loss on the expected number-token value
-    (the paper's NTL-L_p; ntloss's `NTLossDotProduct`).
+    """NTL-MSE / MAE / Huber, or any loss: a regression loss on the expected
+    number-token value (the paper's NTL-L_p; ntloss's `NTLossDotProduct`).
 
     Per counted position: `f(sum_j p_j v_j - y)` with `p` the softmax over the number
     tokens only and `f` the squared error, absolute error, or Huber loss with delta 1
-    (as `torch.nn.functional.huber_loss`).
+    (as `torch.nn.functional.huber_loss`); or `loss(sum_j p_j v_j, y)` for a function.
 
     Args:
       logits, targets, number_tokens, weights, reduction: as in `ntl_was`.
-      loss: `"mse"`, `"mae"` or `"huber"`.
-      reweigh: as in `ntl_was`, with `max_dist = f(max v - min v)`. The paper does not
-        reweigh; ntloss defaults to True.
+      loss: `"mse"`, `"mae"`, `"huber"`, or a function `(prediction, target) -> loss`
+        of two float32 `[batch, length]` arrays, elementwise and traceable (jnp
+        operations), as ntloss's `loss_function`: e.g. log-cosh,
+        `lambda p, y: jnp.log(jnp.cosh(p - y))`.
+      reweigh: as in `ntl_was`, with `max_dist = f(max v - min v)`
+        (`max(|loss(lo, hi)|, |loss(hi, lo)|)` for a function, as ntloss). The paper
+        does not reweigh; ntloss defaults to True.
 
     Returns:
       `[batch, length]` float32 for `"none"`, else a float32 scalar.
@@ -793,8 +845,9 @@ def ntl_dot(
     >>> float(ntl_dot(logits, jnp.array([[3]]), nt, reduction="sum"))  # (1 - 2)^2
     1.0
     """
-    if loss not in ("mse", "mae", "huber"):
-        raise ValueError(f"expected loss in ('mse', 'mae', 'huber'), got {loss!r}")
+    if isinstance(loss, str) and loss not in ("mse", "mae", "huber") or not (isinstance(loss, str) or callable(loss)):
+        raise ValueError(f"expected loss in ('mse', 'mae', 'huber') or a function (prediction, target) -> loss, "
+                         f"got {loss!r}")
     return _ntl(logits, targets, number_tokens, kind=loss, weights=weights, reweigh=reweigh,
                 squash_factor=None, reduction=reduction)
 
@@ -808,6 +861,7 @@ def number_level_loss(
     float_level: bool = False,
     reweigh: bool = False,
     reduction: Reduction = "none",
+    max_number_length: int = _MAX_NUMBER_LENGTH,
 ) -> jax.Array:
     """Number-level NTL: whole numbers scored with symmetric MAPE (ntloss's
     `NumberLevelLoss`), without leaving the device.
@@ -816,6 +870,12 @@ def number_level_loss(
     labels and the expected digit values; each number contributes
     `|yhat - y| / (|yhat| + |y| + eps)` at its first digit, weighted by that
     position's weight.
+
+    A weight of 0 ignores a position as everywhere (its logits are never read), so
+    inside a number it ends the number: weights `[1, 1, 0, 1, 1]` on "a 1 2 3 b" give
+    the numbers "1" and "3". ntloss's `loss_weights` differ here: it joins 123 across the
+    masked digit, reading that digit's prediction, and weighs it by the first digit's
+    weight (its `ignore_index`, -100, splits as we do).
 
     Multi-digit number tokens (a table built with `digit_level=False`, e.g. LLaMA-3's
     "0".."999") go beyond ntloss, which takes single digits only here: a run of
@@ -830,6 +890,9 @@ def number_level_loss(
       float_level: let a single `.` between digits join them (needs a `.` token).
       reweigh: as in `ntl_was` with `max_dist = 1`. The paper does not reweigh;
         ntloss defaults to True.
+      max_number_length: the most places a number has, as ntloss's (default 20): in a
+        longer run the leading digits all take the highest place, 10^(max - 1), in the
+        label and the prediction alike, as ntloss does.
 
     Returns:
       `[batch, length]` float32 for `"none"` (non-zero only at first digits), else a
@@ -847,7 +910,12 @@ def number_level_loss(
     0.000405
     """
     check_bool("float_level", float_level)
+    if isinstance(max_number_length, bool) or not isinstance(max_number_length, numbers.Integral) \
+            or max_number_length < 1:
+        raise ValueError(f"expected max_number_length to be an integer >= 1, got {max_number_length!r}")
     kind = "number_level_float" if float_level else "number_level"
+    if max_number_length != _MAX_NUMBER_LENGTH:
+        kind = number_level_variant(float_level, int(max_number_length))
     return _ntl(logits, targets, number_tokens, kind=kind, weights=weights, reweigh=reweigh,
                 squash_factor=None, reduction=reduction)
 

@@ -9,7 +9,7 @@ without t5x installed. The paper trains on `CE + 0.3 * NTL`.
 from __future__ import annotations
 
 import enum
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -335,7 +335,7 @@ def cross_entropy_and_ntl(
     number_tokens: NumberTokens,
     *,
     weights: ArrayLike | None = None,
-    ntl_kind: str = "was",
+    ntl_kind: str | Callable = "was",
     ntl_weight: float = 0.3,
     reweigh: bool = False,
     squash_factor: float | None = None,
@@ -362,7 +362,8 @@ def cross_entropy_and_ntl(
       weights: optional `[batch, length]` loss weights (`decoder_loss_weights`).
       ntl_kind: a key of `ntl_jax.losses.VARIANTS`: `"was"` (the paper's default),
         `"mse"`, `"mae"`, `"huber"`, `"number_level"`, `"number_level_float"`,
-        `"was_cdf"`; or `"none"` for cross-entropy without computing NTL.
+        `"was_cdf"`; a function `(prediction, target) -> loss` for NTL-L_p with that
+        loss (see `ntl_dot`); or `"none"` for cross-entropy without computing NTL.
       ntl_weight: lambda, 0.3 in the paper.
       reweigh: see `ntl_was`; the paper does not reweigh (ntloss defaults to True).
       squash_factor: see `ntl_was`; only with `ntl_kind="was"`.

@@ -408,6 +408,36 @@ def test_zero_weight_digits_match_ntloss_ignore_index(float_level, reweigh, redu
     np.testing.assert_allclose(got, want, rtol=3e-5, atol=1e-5)
 
 
+def test_a_zero_weight_inside_a_number_ends_it_where_ntloss_joins_across():
+    """Targets "a 1 2 3 b", a confident "a 1 9 3 b", weights [1, 1, 0, 1, 1]: a weight of 0
+    marks a position whose logits are never read, inside a number too, so the numbers are
+    "1" and "3" (both right: 0), and NaN logits there change nothing. ntloss joins 123
+    across it, reading the masked digit's prediction (193), and weighs the number by its
+    first digit's weight: [0, 0.2215, 0, 0, 0]. The README says how the two differ."""
+    torch = pytest.importorskip("torch")
+    ntloss = pytest.importorskip("ntloss")
+    from tests import ntloss_cases as cases
+
+    nt = NumberTokens.from_pieces(cases.PIECES)
+    targets = np.asarray([cases.pieces_ids("a", "1", "2", "3", "b")])
+    predicted = np.asarray(cases.pieces_ids("a", "1", "9", "3", "b"))
+    logits = np.full((1, 5, cases.VOCAB_SIZE), -30.0, np.float32)
+    logits[0, np.arange(5), predicted] = 30.0
+    weights = np.asarray([[1.0, 1.0, 0.0, 1.0, 1.0]], np.float32)
+    got = ntl_jax.number_level_loss(jnp.asarray(logits), jnp.asarray(targets, jnp.int32), nt,
+                                    weights=jnp.asarray(weights), reduction="none")
+    np.testing.assert_array_equal(np.asarray(got), np.zeros((1, 5)))
+    garbage = logits.copy()
+    garbage[0, 2] = np.nan
+    np.testing.assert_array_equal(np.asarray(ntl_jax.number_level_loss(
+        jnp.asarray(garbage), jnp.asarray(targets, jnp.int32), nt, weights=jnp.asarray(weights),
+        reduction="none")), np.zeros((1, 5)))
+    theirs = ntloss.NumberLevelLoss(cases.hf_tokenizer(), reweigh=False)(
+        torch.from_numpy(logits), torch.from_numpy(targets), loss_weights=torch.from_numpy(weights),
+        reduction="none").numpy()
+    np.testing.assert_allclose(theirs, [[0.0, 70 / 316, 0.0, 0.0, 0.0]], rtol=1e-6)  # |193-123| / (193+123)
+
+
 # -- reweigh at large logits ----------------------------------------------------------
 
 

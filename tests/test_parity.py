@@ -6,6 +6,7 @@ installed (the `test` extra installs it with the CPU build of torch).
 
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -84,3 +85,73 @@ def test_live_parity_on_other_logits(seed, name, kind, options):
         # reweigh adds 1.01 * max_dist * (1 - mass): with max_dist = 169 (MSE over values
         # -1..12) one float32 ulp of the mass moves the loss by ~2e-5 in either package.
         np.testing.assert_allclose(got, expected, rtol=3e-5, atol=1e-5)
+
+
+# -- ntloss options beyond the stored cases ----------------------------------------
+
+
+def _log_cosh_torch(prediction, target, reduction="none"):
+    import torch
+
+    return torch.log(torch.cosh(prediction - target))
+
+
+def _log_cosh(prediction, target):
+    return jnp.log(jnp.cosh(prediction - target))
+
+
+@pytest.mark.parametrize("reweigh", [False, True])
+@pytest.mark.parametrize("reduction", cases.REDUCTIONS)
+def test_ntl_dot_takes_a_loss_function_as_ntloss(reweigh, reduction):
+    """`ntl_dot(loss=f)` against `NTLossDotProduct(loss_function=f)` for log-cosh, jitted,
+    weighted; with reweigh, the ceiling `max(|f(lo, hi)|, |f(hi, lo)|)` as ntloss's."""
+    torch = pytest.importorskip("torch")
+    ntloss = pytest.importorskip("ntloss")
+    nt = ntl_jax.NumberTokens.from_pieces(cases.PIECES)
+    weights = INPUTS["weights"]
+    targets = np.where(weights == 0, cases.IGNORE, INPUTS["targets"])
+    theirs = ntloss.NTLossDotProduct(cases.hf_tokenizer(), reweigh=reweigh, loss_function=_log_cosh_torch)
+    want = theirs(torch.from_numpy(INPUTS["logits"]), torch.from_numpy(targets),
+                  loss_weights=torch.from_numpy(weights), reduction=reduction).numpy()
+    run = jax.jit(lambda lg, t, w: ntl_jax.ntl_dot(lg, t, nt, weights=w, loss=_log_cosh, reweigh=reweigh,
+                                                   reduction=reduction))
+    got = run(jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32), jnp.asarray(weights))
+    assert float(np.max(np.abs(want))) > 0.1
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+    # The same function as the objective's ntl_kind: its NTL part is the weighted sum.
+    if reduction == "sum":
+        _, parts = ntl_jax.cross_entropy_and_ntl(
+            jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32), nt,
+            weights=jnp.asarray(weights), ntl_kind=_log_cosh, reweigh=reweigh)
+        np.testing.assert_allclose(float(parts["ntl"]), float(want), rtol=1e-5)
+
+
+@pytest.mark.parametrize("max_number_length", [1, 2, 3])
+@pytest.mark.parametrize("float_level", [False, True])
+def test_number_level_max_number_length_as_ntloss(max_number_length, float_level):
+    """A small `max_number_length`: in longer runs ("12", "987654321") the leading digits
+    all take the highest place, in ntloss as here."""
+    torch = pytest.importorskip("torch")
+    ntloss = pytest.importorskip("ntloss")
+    nt = ntl_jax.NumberTokens.from_pieces(cases.PIECES)
+    theirs = ntloss.NumberLevelLoss(cases.hf_tokenizer(), float_level=float_level, reweigh=False,
+                                    max_number_length=max_number_length)
+    want = theirs(torch.from_numpy(INPUTS["logits"]), torch.from_numpy(INPUTS["targets"]), reduction="none").numpy()
+    got = ntl_jax.number_level_loss(jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32), nt,
+                                    float_level=float_level, max_number_length=max_number_length, reduction="none")
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-6)
+    default = ntl_jax.number_level_loss(jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32),
+                                        nt, float_level=float_level, reduction="none")
+    assert not np.allclose(np.asarray(got), np.asarray(default))  # the long run reads differently
+
+
+def test_bad_loss_function_and_max_number_length_are_refused():
+    nt = ntl_jax.NumberTokens.from_pieces(cases.PIECES)
+    logits, targets = jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32)
+    with pytest.raises(ValueError, match="a function"):
+        ntl_jax.ntl_dot(logits, targets, nt, loss="rmse")
+    with pytest.raises(ValueError, match="a function"):
+        ntl_jax.ntl_dot(logits, targets, nt, loss=3)
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="max_number_length"):
+            ntl_jax.number_level_loss(logits, targets, nt, max_number_length=bad)
