@@ -84,8 +84,8 @@ HBM-only compiles run in subprocesses beside the other tables. libtpu normally r
 second process (/tmp/libtpu_lockfile); nothing here runs on a TPU, so the script sets
 `ALLOW_MULTIPLE_LIBTPU_LOAD=1` while libtpu loads.
 
-    python benchmarks/tpu_cost.py                  # every table (a few minutes on 2 cores)
-    python benchmarks/tpu_cost.py --quick          # a subset: bf16, T5's shape, a few rows
+    python benchmarks/tpu_cost.py                  # every table (~10 minutes on 2 cores)
+    python benchmarks/tpu_cost.py --quick          # a subset: bf16, T5's shape, a few rows (not written)
     python benchmarks/tpu_cost.py --tables standalone,objective --vocabs llama3 --dtypes bf16
     python benchmarks/tpu_cost.py --out benchmarks/results/tpu_cost_v5e.json
 

@@ -145,3 +145,21 @@ def test_whole_train_step_costs_at_most_1_percent_more(train_step_process):
     assert rows[0]["layers"] == 12
     # at 42b1add: 1.056 (optax CE + ntl_was), 1.116 (cross_entropy_and_ntl); at 94d95da: 1.0000, 0.964
     assert max(_ratios(rows).values()) <= tpu_cost.TARGETS["train_step"], _ratios(rows)
+
+
+def test_each_row_is_read_against_its_target():
+    """The benchmark's verdicts: the objective's "<= 1.00x" to two decimals, the others
+    as they are; references and tables without a target get none."""
+    def row(table, ratio, variant="x", **extra):
+        return {"table": table, "bytes_ratio": ratio, "variant": variant, **extra}
+
+    assert tpu_cost.verdict(row("objective", 1.0049)) == "met"
+    assert tpu_cost.verdict(row("objective", 1.0051)).startswith("MISSED")
+    assert tpu_cost.verdict(row("standalone", 1.05)) == "met"
+    assert tpu_cost.verdict(row("standalone", 1.0501)).startswith("MISSED")
+    assert tpu_cost.verdict(row("standalone", 1.0, "optax CE")) is None
+    assert tpu_cost.verdict(row("train_step", 1.011)).startswith("MISSED")
+    parallel = dict(kernel_gathers=0, peak_ratio=0.26, hbm_only_peak_ratio=0.27)
+    assert tpu_cost.verdict(row("vocab_parallel", 0.3, **parallel)) == "met"
+    assert "0.310" in tpu_cost.verdict(row("vocab_parallel", 0.3, **{**parallel, "peak_ratio": 0.31}))
+    assert "kernel" in tpu_cost.verdict(row("vocab_parallel", 0.3, **{**parallel, "kernel_gathers": 1}))
