@@ -949,11 +949,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, metavar="FILE.json",
                         help=f"where to write the JSON (default: {os.path.relpath(RESULTS, os.path.dirname(HERE))} "
                              "for the full run, nowhere with --quick)")
+    parser.add_argument("--layers", type=int, default=GPT["layers"],
+                        help=f"the train step's decoder layers (default {GPT['layers']}; fewer make the loss a "
+                             "larger share of the step)")
     parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     return parser
 
 
-def _run_tables(tables, vocabs, dtypes, quick, hbm, jobs, children, log):
+def _run_tables(tables, vocabs, dtypes, quick, hbm, jobs, children, log, layers=None):
     """`(rows, loop checks)` of the tables; the subprocesses started go to `children`."""
     fused_settings = ("none (CE only)", "was") if quick else tuple(FUSED_SETTINGS)
     parallel_settings = ("was",)
@@ -970,7 +973,8 @@ def _run_tables(tables, vocabs, dtypes, quick, hbm, jobs, children, log):
         handle, train_out = tempfile.mkstemp(prefix="tpu_cost_train_step_", suffix=".json")
         os.close(handle)
         train_child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--tables", "train_step",
-                                        "--vocabs", "t5", "--out", train_out], stdout=subprocess.DEVNULL)
+                                        "--vocabs", "t5", "--layers", str(layers or GPT["layers"]),
+                                        "--out", train_out], stdout=subprocess.DEVNULL)
         children.append(train_child)
         tables = [t for t in tables if t != "train_step"]
     rows, checks, hbm_only = [], [], {}
@@ -994,7 +998,7 @@ def _run_tables(tables, vocabs, dtypes, quick, hbm, jobs, children, log):
             elif table == "vocab_parallel":
                 rows += vocab_parallel_rows(vocab, parallel_settings, hbm_only, log)
             elif table == "train_step" and vocab == "t5":
-                rows += train_step_rows(log=log)
+                rows += train_step_rows(layers=layers, log=log)
     if train_child is not None:
         log("train_step (waiting for its process)")
         if train_child.wait() != 0:
@@ -1037,7 +1041,7 @@ def run(argv=None) -> int:
     children = []
     try:
         rows, checks = _run_tables(tables, vocabs, dtypes, quick, not args.no_hbm_only and not quick, args.jobs,
-                                   children, log)
+                                   children, log, layers=args.layers)
     finally:
         for child in children:  # on an error, the subprocesses this run started
             if child.poll() is None:
