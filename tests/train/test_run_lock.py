@@ -42,16 +42,18 @@ def _race(rank, out_dir, rounds, prefill, barrier, results):
             lock.__exit__(None, None, None)
 
 
-def _churn(out_dir, attempts, results):
-    """Takes and releases the lock as fast as it can; while holding it, claims a marker file
-    that only one process may hold at a time."""
+def _churn(out_dir, wins_wanted, barrier, results):
+    """Takes and releases the lock as fast as it can until it has held it `wins_wanted`
+    times; while holding it, claims a marker file that only one process may hold at a time."""
     marker = os.path.join(out_dir, "held")
-    wins = clashes = 0
-    for _ in range(attempts):
+    wins = losses = clashes = 0
+    barrier.wait()  # all start together, so they contend
+    while wins < wins_wanted and losses < 1_000_000:
         lock = trainer._RunLock(out_dir)
         try:
             lock.__enter__()
         except ValueError:
+            losses += 1
             continue
         wins += 1
         try:
@@ -60,7 +62,7 @@ def _churn(out_dir, attempts, results):
         except FileExistsError:
             clashes += 1
         lock.__exit__(None, None, None)
-    results.put((wins, clashes))
+    results.put((wins, losses, clashes))
 
 
 def _start(target, *args):
@@ -98,12 +100,13 @@ def test_exactly_one_process_wins_each_round(tmp_path, prefill):
 def test_no_two_holders_while_the_lock_is_taken_and_released_in_a_loop(tmp_path):
     # A holder unlinks the file on release; a process that opened the old file just
     # before must not end up holding a lock on it next to the holder of a new file.
-    results = CTX.Queue()
-    workers = [_start(_churn, str(tmp_path), 300, results) for _ in range(WORKERS)]
+    barrier, results = CTX.Barrier(WORKERS), CTX.Queue()
+    workers = [_start(_churn, str(tmp_path), 100, barrier, results) for _ in range(WORKERS)]
     counts = [results.get(timeout=300) for _ in range(WORKERS)]
     _join(workers)
-    assert sum(wins for wins, _ in counts) >= 300  # they did contend and take turns
-    assert [clashes for _, clashes in counts] == [0] * WORKERS
+    assert [wins for wins, _, _ in counts] == [100] * WORKERS  # each took its turns
+    assert sum(losses for _, losses, _ in counts) > 0  # while the others held it
+    assert [clashes for _, _, clashes in counts] == [0] * WORKERS
 
 
 HOLD = """
