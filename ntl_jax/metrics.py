@@ -152,6 +152,43 @@ def exact_match(targets, predictions) -> dict[str, float]:
     return {"exact_match": float(np.mean([norm(a) == norm(b) for a, b in zip(targets, predictions)]))}
 
 
+def regression_metrics(targets, predictions) -> dict[str, float]:
+    """seqio metric fn for a number predicted from text: `rmse` and `pearson_r` of the
+    predicted numbers (`parse_number`: the last number of the string) against the
+    targets', and `parsed`, the share of predictions with a finite number.
+
+    A prediction without one is left out of `rmse` and `pearson_r`, which are NaN when
+    nothing parses; `pearson_r` is also NaN with fewer than two parsed predictions or
+    when either side is constant (a model that answers one number to everything has no
+    correlation). Every target must hold a number.
+
+    >>> m = regression_metrics(["100", "200", "300"], ["110", "190", "no idea"])
+    >>> round(m["rmse"], 6), round(m["pearson_r"], 6), round(m["parsed"], 4)
+    (10.0, 1.0, 0.6667)
+    """
+    if len(targets) != len(predictions):
+        raise ValueError(
+            f"expected as many predictions as targets, got {len(predictions)} predictions "
+            f"for {len(targets)} targets")
+    if not len(targets):
+        return {"parsed": math.nan, "rmse": math.nan, "pearson_r": math.nan}
+    t = np.array([parse_number(x) for x in targets], np.float64)
+    if not np.isfinite(t).all():
+        bad = targets[int(np.flatnonzero(~np.isfinite(t))[0])]
+        raise ValueError(f"expected a number as every target, got {bad!r}")
+    p = np.array([parse_number(x) for x in predictions], np.float64)
+    ok = np.isfinite(p)
+    out = {"parsed": float(ok.mean()), "rmse": math.nan, "pearson_r": math.nan}
+    if ok.any():
+        out["rmse"] = float(np.sqrt(np.mean((p[ok] - t[ok]) ** 2)))
+    if ok.sum() >= 2:
+        dp, dt = p[ok] - p[ok].mean(), t[ok] - t[ok].mean()
+        denom = math.sqrt(float(np.sum(dp * dp)) * float(np.sum(dt * dt)))
+        if denom > 0:
+            out["pearson_r"] = float(np.clip(np.sum(dp * dt) / denom, -1.0, 1.0))
+    return out
+
+
 def number_metrics(targets, predictions) -> dict[str, float]:
     """seqio metric fn: every number metric of the paper in one dict.
 

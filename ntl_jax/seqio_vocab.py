@@ -38,6 +38,16 @@ def byte_vocabulary() -> seqio.ByteVocabulary:
     return seqio.ByteVocabulary()
 
 
+def output_features(byte: bool = False) -> dict[str, seqio.Feature]:
+    """`inputs` and `targets` features, both with EOS, on the shipped SentencePiece
+    vocabulary or (`byte`) on `seqio.ByteVocabulary`: those of every ntl_jax task."""
+    v = byte_vocabulary() if byte else sentencepiece_vocabulary()
+    return {
+        "inputs": seqio.Feature(vocabulary=v, add_eos=True, required=True),
+        "targets": seqio.Feature(vocabulary=v, add_eos=True),
+    }
+
+
 class DigitSplitVocabulary(seqio.Vocabulary):
     """Wraps a seqio vocabulary so that every digit is encoded as its own token.
 

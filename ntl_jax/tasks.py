@@ -40,14 +40,6 @@ ABLATION_TASK = f"ablation__{catalogue.ABLATION_MODULE}"
 _Part = tuple
 
 
-def _output_features(byte: bool) -> dict[str, seqio.Feature]:
-    v = seqio_vocab.byte_vocabulary() if byte else seqio_vocab.sentencepiece_vocabulary()
-    return {
-        "inputs": seqio.Feature(vocabulary=v, add_eos=True, required=True),
-        "targets": seqio.Feature(vocabulary=v, add_eos=True),
-    }
-
-
 def _to_inputs_targets(ds: tf.data.Dataset) -> tf.data.Dataset:
     return ds.map(lambda ex: {"inputs": ex["question"], "targets": ex["answer"]},
                   num_parallel_calls=tf.data.AUTOTUNE)
@@ -148,7 +140,7 @@ def _add_task(name: str, split_parts, *, data_dir, seed, byte, module_hint):
             seqio.preprocessors.tokenize,
             seqio.preprocessors.append_eos_after_trim,
         ],
-        output_features=_output_features(byte),
+        output_features=seqio_vocab.output_features(byte),
         postprocess_fn=_postprocess,
         metric_fns=[metrics.number_metrics, metrics.exact_match],
         shuffle_buffer_size=10_000,

@@ -34,7 +34,6 @@ Needs scikit-learn (the `regression` extra), imported when the data is first rea
 from __future__ import annotations
 
 import functools
-import math
 from typing import Sequence
 
 import numpy as np
@@ -120,38 +119,16 @@ def examples(split: str, n: int, seed: int, split_seed: int = 0) -> list[tuple[s
 
 def metrics(questions: Sequence[str], targets: Sequence[str],
             predictions: Sequence[str]) -> dict[str, float]:
-    """RMSE and Pearson r of the predicted scores, and the share that parse.
-
-    Numbers are read with `ntl_jax.metrics.parse_number` (the last number of the
-    string). A prediction with no finite number counts in `parsed` (as not parsed) and is
-    left out of `rmse` and `pearson_r`, which are NaN when nothing parses; `pearson_r` is
-    also NaN with fewer than two parsed predictions or when either side is constant
-    (a model that answers one number to every patient has no correlation). Empty inputs
-    give `{}`.
+    """RMSE and Pearson r of the predicted scores, and the share that parse:
+    `ntl_jax.metrics.regression_metrics`, which says how; empty inputs give `{}`.
 
     >>> m = metrics(["q"] * 3, ["100", "200", "300"], ["110", "190", "no idea"])
     >>> round(m["rmse"], 6), round(m["pearson_r"], 6), round(m["parsed"], 4)
     (10.0, 1.0, 0.6667)
     """
-    from ntl_jax.metrics import parse_number
+    from ntl_jax.metrics import regression_metrics
 
     if not len(questions) == len(targets) == len(predictions):
         raise ValueError(f"expected as many questions, targets and predictions, got "
                          f"{len(questions)}, {len(targets)} and {len(predictions)}")
-    if not len(targets):
-        return {}
-    t = np.array([parse_number(x) for x in targets], np.float64)
-    if not np.isfinite(t).all():
-        bad = targets[int(np.flatnonzero(~np.isfinite(t))[0])]
-        raise ValueError(f"expected a number as every target, got {bad!r}")
-    p = np.array([parse_number(x) for x in predictions], np.float64)
-    ok = np.isfinite(p)
-    out = {"parsed": float(ok.mean()), "rmse": math.nan, "pearson_r": math.nan}
-    if ok.any():
-        out["rmse"] = float(np.sqrt(np.mean((p[ok] - t[ok]) ** 2)))
-    if ok.sum() >= 2:
-        dp, dt = p[ok] - p[ok].mean(), t[ok] - t[ok].mean()
-        denom = math.sqrt(float(np.sum(dp * dp)) * float(np.sum(dt * dt)))
-        if denom > 0:
-            out["pearson_r"] = float(np.clip(np.sum(dp * dt) / denom, -1.0, 1.0))
-    return out
+    return regression_metrics(targets, predictions) if len(targets) else {}
