@@ -193,3 +193,16 @@ def test_byte_model_sizes_its_network_from_the_vocabulary():
     text = code((CONFIGS / "models/t5_1_1_tiny_byte_ntl.gin").read_text())
     assert "vocab_size = @ntl_models.padded_vocab_size()" in text
     assert "ntl_models.padded_vocab_size.vocabulary = %VOCABULARY" in text
+
+
+PAPER_RUNS = [f for f in GIN_FILES if f.startswith("paper/")]
+
+
+def test_the_paper_runs_leave_the_loss_to_the_macros():
+    assert PAPER_RUNS == ["paper/gsm8k_t5_3b.gin", "paper/rjokes_t5_small.gin"]
+    for name in PAPER_RUNS:
+        assert not {k for k in macros(name) if k.startswith("NTL_")}, name
+        assert effective_loss([name], []) == ("was", 0.3), name
+        for loss in LOSS_FILES:
+            expected = EARLIER_LOSSES[pathlib.PurePosixPath(loss).stem]
+            assert effective_loss([name, loss], []) == expected, (name, loss)

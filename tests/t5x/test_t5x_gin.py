@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import seqio  # noqa: E402
 import t5x  # noqa: E402
 
+from ntl_jax import seqio_vocab  # noqa: E402
 from ntl_jax.t5x import configs  # noqa: E402
 from ntl_jax.t5x import models as ntl_models  # noqa: E402
 from ntl_jax.t5x import train as ntl_train  # noqa: E402
@@ -34,8 +35,9 @@ T5X_SEARCH_PATH = str(pathlib.Path(t5x.__file__).resolve().parents[1])  # as t5x
 ALL_FILES = [p.relative_to(CONFIGS).as_posix() for p in configs.gin_files()]
 EXPERIMENTS = [f for f in ALL_FILES if f.startswith("experiments/")]
 LOSS_FILES = [f for f in ALL_FILES if f.startswith("losses/")]
-MODEL_FILES = [f for f in ALL_FILES if re.fullmatch(r"models/(t5_1_1_\w+|decoder_only_\w+)_ntl\.gin", f)]
-OVERLAYS = sorted(set(ALL_FILES) - set(EXPERIMENTS) - set(LOSS_FILES) - set(MODEL_FILES))
+MODEL_FILES = [f for f in ALL_FILES if re.fullmatch(r"models/(t5_1_[01]_\w+|decoder_only_\w+)_ntl\.gin", f)]
+PAPER_RUNS = [f for f in ALL_FILES if f.startswith("paper/")]
+OVERLAYS = sorted(set(ALL_FILES) - set(EXPERIMENTS) - set(LOSS_FILES) - set(MODEL_FILES) - set(PAPER_RUNS))
 SIZES = {"tiny", "small", "base", "large", "xl"}
 # Each way to pick a loss: (extra gin files, bindings) -> (ntl_weight, ntl_kind).
 LOSS_CHOICES = {
@@ -113,6 +115,7 @@ def _offline_bindings(sp_model, dropout=True):
 
 def test_the_shipped_set_is_complete():
     expected = {f"models/t5_1_1_{s}_ntl.gin" for s in SIZES} | {"models/t5_1_1_tiny_byte_ntl.gin"}
+    expected |= {"models/t5_1_0_small_ntl.gin", "models/t5_1_0_3b_ntl.gin"}
     assert expected <= set(MODEL_FILES)
     for mode, sizes in (("scratch", ("small", "base")), ("finetune", ("small", "base", "large", "xl"))):
         for size in sizes:
@@ -200,6 +203,41 @@ def test_experiment_file_builds_its_model(gin_env, local_sentencepiece, name, lo
         path = _macro("INITIAL_CHECKPOINT_PATH")
         assert path == f"gs://t5-data/pretrained_models/t5x/t5_1_1_{size}/checkpoint_1000000"
         assert _macro("TRAIN_STEPS") > 1_000_000  # absolute: includes pretraining
+    else:
+        assert gin.query_parameter("utils.RestoreCheckpointConfig.path") == []
+
+
+# What each of the paper's runs sets: (task, checkpoint or None, TRAIN_STEPS, evaluated split).
+PAPER_SETTINGS = {
+    "paper/gsm8k_t5_3b.gin": ("ntl_gsm8k_t5", "gs://t5-data/pretrained_models/t5x/t5_3B/checkpoint_1000000",
+                              1_010_000, "test"),
+    "paper/rjokes_t5_small.gin": ("ntl_rjokes_t5", None, 100_000, "validation"),
+}
+
+
+@pytest.mark.parametrize("loss", ["default", "losses/ce.gin", "losses/ntl_mse.gin", "NTL_WEIGHT=0.0"])
+@pytest.mark.parametrize("name", PAPER_RUNS)
+def test_paper_run_builds_its_model_and_task(gin_env, local_sentencepiece, name, loss):
+    assert sorted(PAPER_SETTINGS) == PAPER_RUNS
+    files, bindings, expected = LOSS_CHOICES[loss]
+    model = _parse_and_build([name, *files], [*_offline_bindings(local_sentencepiece, dropout=False), *bindings])
+    assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
+    assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == expected
+    # T5.1.0's network: 3B has 24 + 24 layers of 1024, Small 6 + 6 of 512.
+    config = model.module.config
+    size = (24, 1024) if "3b" in name else (6, 512)
+    assert (config.num_encoder_layers, config.emb_dim) == size and config.num_decoder_layers == size[0]
+    assert isinstance(model.output_vocabulary, seqio_vocab.DigitSplitVocabulary)
+    task_name, checkpoint, steps, split = PAPER_SETTINGS[name]
+    task = seqio.get_mixture_or_task(_macro("MIXTURE_OR_TASK_NAME"))
+    assert task.name == task_name
+    assert task.output_features["targets"].vocabulary == model.output_vocabulary
+    assert _macro("TRAIN_STEPS") == steps
+    assert gin.query_parameter("infer_eval/utils.DatasetConfig.split") == split
+    assert split in task.splits and "train" in task.splits
+    if checkpoint:
+        assert _macro("INITIAL_CHECKPOINT_PATH") == checkpoint
+        assert gin.query_parameter("train_eval/utils.DatasetConfig.split") == split
     else:
         assert gin.query_parameter("utils.RestoreCheckpointConfig.path") == []
 
