@@ -401,6 +401,11 @@ class NTLLossMixin:
         return self._gce_sigma
 
     @property
+    def fused_loss(self) -> bool:
+        """Whether the loss is taken from the hidden states and the logits kernel."""
+        return self._fused_loss
+
+    @property
     def ntl_options(self) -> dict:
         return {
             "ntl_weight": self._ntl_weight,
