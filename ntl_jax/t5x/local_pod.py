@@ -78,7 +78,7 @@ def run(argv: Sequence[str]) -> int:
                           f" --xla_force_host_platform_device_count={args.devices_per_process}").strip())
     print(f"{args.processes} hosts of {args.devices_per_process} CPU devices at {address}; logs in {log_dir}",
           file=sys.stderr, flush=True)
-    hosts, logs = [], []
+    hosts, logs, status = [], [], 1  # 1 if starting a host fails
     try:
         for i in range(args.processes):
             command = [sys.executable, "-m", "ntl_jax.t5x.local_pod", "--as_host", address, str(args.processes),

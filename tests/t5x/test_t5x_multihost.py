@@ -174,3 +174,18 @@ def test_fused_vocabulary_parallel_step_one_on_the_pod_equals_one_process(tmp_pa
     pod = _scalars(_train(tmp_path / "pod", 1, pod=True, fused=True) / "train")
     assert pod["ntl_loss"][1] > 0
     _assert_close(one, pod, 1)
+
+
+def test_a_failing_host_stops_the_pod_and_its_log_is_shown(tmp_path):
+    command = [sys.executable, "-m", "ntl_jax.t5x.local_pod", "--processes=2", "--devices_per_process=1",
+               f"--log_dir={tmp_path / 'logs'}", "--timeout=300", "--", "train", "--gin_file=does_not_exist.gin"]
+    result = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=400)
+    assert result.returncode not in (0, 124), result.stderr[-3000:]
+    assert "local pod stopped with exit status" in result.stderr
+    assert "the end of host 1's log" in result.stderr and "does_not_exist.gin" in result.stderr
+
+
+def test_the_launcher_asks_for_the_program_after_the_separator():
+    result = subprocess.run([sys.executable, "-m", "ntl_jax.t5x.local_pod", "--processes=2", "train"],
+                            env=_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "expected `-- train|eval <T5X flags>`" in result.stderr
