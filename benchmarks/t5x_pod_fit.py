@@ -65,7 +65,7 @@ def run_one(size: str, topology: str, row: str, offline: bool) -> dict:
 
 def table(results: dict) -> str:
     lines = ["| size | topology | row | params + optimizer / chip | temporaries / chip | total / chip (HBM) "
-             "| fits | total vs CE | HBM traffic vs CE | all-reduce bytes |",
+             "| fits | total vs CE | HBM traffic vs CE | collectives per step |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for key, rows in results.items():
         size, topology = key.split(" ")
@@ -74,14 +74,15 @@ def table(results: dict) -> str:
             if row not in rows:
                 continue
             r = rows[row]
-            reduce = sum(c["bytes"] for c in r["collectives"].values())
+            moved = " + ".join(f"{c['bytes'] / GIB:.2f} GiB {kind} ({c['count']})"
+                              for kind, c in sorted(r["collectives"].items()))
             ratio = (f"{r['total_bytes'] / base['total_bytes']:.3f}x" if base else "-",
                      f"{r['bytes_accessed'] / base['bytes_accessed']:.3f}x" if base else "-")
             lines.append(
                 f"| {size} | {topology} | {row} | {(r['params_bytes'] + r['optimizer_bytes']) / GIB:.2f} GiB "
                 f"| {r['temp_bytes'] / GIB:.2f} GiB | {r['total_bytes'] / GIB:.2f} GiB "
                 f"({r['hbm_bytes'] / GIB:.0f}) | {'yes' if r['fits'] else 'NO'} | {ratio[0]} | {ratio[1]} "
-                f"| {reduce / GIB:.2f} GiB |")
+                f"| {moved or 'none'} |")
     return "\n".join(lines)
 
 
