@@ -69,6 +69,9 @@ def mesh_for(partitioner, devices):
     import jax
     from t5x import partitioning
 
+    # T5X's default_mesh reads jax.devices(), which here are this machine's CPUs: for the
+    # call, they are the pod's chips, and this process host 0. The layout settings are
+    # the partitioner's private attributes (T5X has no accessor for them).
     host_0 = [d for d in devices if d.process_index == 0]
     with mock.patch.object(jax, "devices", lambda backend=None: list(devices)), \
             mock.patch.object(jax, "local_devices", lambda *a, **k: host_0):
