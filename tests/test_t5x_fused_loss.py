@@ -216,13 +216,14 @@ def test_vocab_parallel_model_loss_from_hidden_equals_the_unsharded_one(vocab_pa
 
 def test_vocab_parallel_mixin_under_the_mesh_in_context(vocab_parallel):
     rows = {row["name"]: row for row in vocab_parallel["mixin"]}
-    assert set(rows) == {"fused_vocab_axis=model", "fused_vocab_axis=None"}
+    assert set(rows) == {"fused_vocab_axis=model", "fused_vocab_axis=None", "data-parallel 2 x 1"}
     for row in rows.values():
         assert any("logits_dense" in name for name in row["errors"]), row
         assert any("number_abs_error" in name for name in row["errors"]), row
         assert max(row["errors"].values()) <= RTOL, row
     axes = {row["name"]: row["axis"] for row in vocab_parallel["context_vocab_axis"]}
-    assert axes == {"no mesh": None, "2 x 4": "model", "2 x 4 set_mesh": "model", "8 x 1": None,
+    # 8 x 1: the batch split over 8 devices under shard_map, the kernel whole on each.
+    assert axes == {"no mesh": None, "2 x 4": "model", "2 x 4 set_mesh": "model", "8 x 1": "model",
                     "no model axis": None, "None": None}
 
 
@@ -337,6 +338,13 @@ def _vocab_parallel_checks():
         got = {"loss": loss, "metrics": metrics, "grads": grads}
         _report(check="mixin", name=name, errors=_worst_errors(want, got))
         _report(check="gathers", name=name, kernel_gathers=_kernel_gathers(compiled.as_text()))
+    # Data-parallel (one device on the model axis): the batch split under shard_map.
+    data_parallel = Mesh(devices[:2].reshape(2, 1), ("data", "model"))
+    with data_parallel:
+        put = {k: jax.device_put(v, NamedSharding(data_parallel, P("data"))) for k, v in batch.items()}
+        (loss, metrics), grads = step(FlaxFakeModel(**options))(params, put, None)
+    _report(check="mixin", name="data-parallel 2 x 1", errors=_worst_errors(
+        want, {"loss": loss, "metrics": metrics, "grads": grads}))
 
 
 if __name__ == "__main__":
