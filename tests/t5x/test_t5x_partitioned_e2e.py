@@ -180,3 +180,14 @@ def test_the_vocab_parallel_train_step_gathers_no_kernel(fused_runs):
     assert (("f32", (EMB_DIM, VOCAB)) in _kernel_gathers(xla)), xla
     # ... vocabulary-parallel, no kernel column is gathered.
     assert _kernel_gathers(vocab_parallel) == [], vocab_parallel
+
+
+def test_fused_data_parallel_step_one_equals_the_single_device_run(fused_runs, tmp_path):
+    # 8 devices, one on the model axis: the fused loss runs under shard_map over the batch.
+    run = _train_one_step(tmp_path, "data_parallel", 8, 1, FUSED, dump_hlo=True)
+    single, data_parallel = _scalars(fused_runs["single"] / "train"), _scalars(run / "train")
+    for tag in COMPARED:
+        a, b = single[tag][1], data_parallel[tag][1]
+        assert math.isfinite(a), tag
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7), (tag, a, b)
+    assert _kernel_gathers(_train_step_all_gathers(run)) == []
