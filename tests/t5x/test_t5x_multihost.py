@@ -29,6 +29,14 @@ from tests.t5x.test_t5x_partitioned_e2e import COMPARED  # noqa: E402
 from tests.t5x.test_t5x_train_e2e import _scalars  # noqa: E402
 
 TASK = "ntl_math_arithmetic__add_sub_multiple_byte"
+# The network and its layout: the same for training and for evaluating its checkpoint.
+NETWORK = """network.T5Config:
+  num_heads = 8
+  head_dim = 4
+  emb_dim = 32
+  mlp_dim = 32
+partitioning.PjitPartitioner.num_partitions = 4
+"""
 CONFIG = """
 from __gin__ import dynamic_registration
 import __main__ as train_script
@@ -47,13 +55,7 @@ ntl_models.NTLEncoderDecoderModel.fused_chunk_size = 64
 train_script.train.infer_eval_dataset_cfg = None  # no decoding: only the loss is compared
 train/utils.DatasetConfig.pack = False
 train/utils.DatasetConfig.shuffle = False
-network.T5Config:
-  num_heads = 8
-  head_dim = 4
-  emb_dim = 32
-  mlp_dim = 32
-partitioning.PjitPartitioner.num_partitions = 4
-"""
+""" + NETWORK
 
 
 def _env(devices=None):
@@ -101,13 +103,7 @@ CHECKPOINT_PATH = '{checkpoint}'
 EVAL_OUTPUT_DIR = '{out}'
 BATCH_SIZE = 8
 EVALUATOR_NUM_EXAMPLES = 16
-network.T5Config:
-  num_heads = 8
-  head_dim = 4
-  emb_dim = 32
-  mlp_dim = 32
-partitioning.PjitPartitioner.num_partitions = 4
-"""
+""" + NETWORK
 
 
 def _evaluate(folder, checkpoint, *, pod):
