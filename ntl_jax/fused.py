@@ -347,10 +347,11 @@ def fused_cross_entropy_and_ntl(
         linear in both.
       targets, number_tokens: as in `cross_entropy_and_ntl`; the kernel has a column
         per id of `number_tokens`' vocabulary, or more (ids beyond it are no numbers).
-      weights, ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
-      gce_sigma, loss_normalizing_factor, decoder_segment_ids, decoder_positions: exactly
-        as in `cross_entropy_and_ntl` (Gaussian smoothing needs only the number tokens'
-        logits, which the head computes anyway).
+      weights: and the other options (`ntl_kind`, `ntl_weight`, `reweigh`, `squash_factor`,
+        `label_smoothing`, `z_loss`, `gce_sigma`, `loss_normalizing_factor`,
+        `decoder_segment_ids`, `decoder_positions`): exactly as in `cross_entropy_and_ntl`
+        (Gaussian smoothing needs only the number tokens' logits, which the head computes
+        anyway).
       chunk_size: vocabulary columns per chunk (per device when sharded); None picks
         about 8M logits per chunk (`default_chunk_size`), and with `vocab_axis` the
         same number of chunks, each over a device's share of the columns and tokens.
@@ -373,13 +374,14 @@ def fused_cross_entropy_and_ntl(
     Returns:
       `(loss, parts)` as `cross_entropy_and_ntl`.
 
-    >>> import jax.numpy as jnp
-    >>> nt = NumberTokens.from_pieces(["<pad>", "</s>", "0", "1", "2"])
-    >>> hidden, kernel = jnp.ones((1, 2, 3)), jnp.zeros((3, 5))
-    >>> loss, parts = fused_cross_entropy_and_ntl(hidden, kernel, jnp.array([[3, 1]]), nt,
-    ...     loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
-    >>> round(float(parts["cross_entropy"]), 4), round(float(parts["ntl"]), 4)  # log 5; (2/3)/2
-    (1.6094, 0.3333)
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> nt = NumberTokens.from_pieces(["<pad>", "</s>", "0", "1", "2"])
+      >>> hidden, kernel = jnp.ones((1, 2, 3)), jnp.zeros((3, 5))
+      >>> loss, parts = fused_cross_entropy_and_ntl(hidden, kernel, jnp.array([[3, 1]]), nt,
+      ...     loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+      >>> round(float(parts["cross_entropy"]), 4), round(float(parts["ntl"]), 4)  # log 5; (2/3)/2
+      (1.6094, 0.3333)
     """
     objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
                                       gce_sigma)

@@ -799,11 +799,12 @@ def ntl_was(
     Returns:
       `[batch, length]` float32 for `"none"`, else a float32 scalar.
 
-    >>> import jax.numpy as jnp
-    >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
-    >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.0, 0.5]]]) + 1e-30)
-    >>> float(ntl_was(logits, jnp.array([[1]]), nt, reduction="sum"))  # 0.5*0 + 0.5*2
-    1.0
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
+      >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.0, 0.5]]]) + 1e-30)
+      >>> float(ntl_was(logits, jnp.array([[1]]), nt, reduction="sum"))  # 0.5*0 + 0.5*2
+      1.0
     """
     return _ntl(logits, targets, number_tokens, kind="was", weights=weights, reweigh=reweigh,
                 squash_factor=squash_factor, reduction=reduction)
@@ -839,11 +840,12 @@ def ntl_dot(
     Returns:
       `[batch, length]` float32 for `"none"`, else a float32 scalar.
 
-    >>> import jax.numpy as jnp
-    >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
-    >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.0, 0.5]]]) + 1e-30)
-    >>> float(ntl_dot(logits, jnp.array([[3]]), nt, reduction="sum"))  # (1 - 2)^2
-    1.0
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
+      >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.0, 0.5]]]) + 1e-30)
+      >>> float(ntl_dot(logits, jnp.array([[3]]), nt, reduction="sum"))  # (1 - 2)^2
+      1.0
     """
     if isinstance(loss, str) and loss not in ("mse", "mae", "huber") or not (isinstance(loss, str) or callable(loss)):
         raise ValueError(f"expected loss in ('mse', 'mae', 'huber') or a function (prediction, target) -> loss, "
@@ -898,16 +900,17 @@ def number_level_loss(
       `[batch, length]` float32 for `"none"` (non-zero only at first digits), else a
       float32 scalar.
 
-    >>> import jax.numpy as jnp
-    >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
-    >>> sure = lambda ids: jnp.log(jax.nn.one_hot(ids, 4) + 1e-30)
-    >>> logits = sure(jnp.array([[3, 2, 0]]))  # predicts "21", label "12"
-    >>> round(float(number_level_loss(logits, jnp.array([[2, 3, 0]]), nt, reduction="sum")), 4)
-    0.2727
-    >>> wide = NumberTokens.from_pieces(["<pad>", "4", "5", "123", "007"], digit_level=False)
-    >>> logits = jnp.log(jax.nn.one_hot(jnp.array([[3, 2, 0]]), 5) + 1e-30)  # predicts "123", "5"
-    >>> round(float(number_level_loss(logits, jnp.array([[3, 1, 0]]), wide, reduction="sum")), 6)  # 1/2469
-    0.000405
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
+      >>> sure = lambda ids: jnp.log(jax.nn.one_hot(ids, 4) + 1e-30)
+      >>> logits = sure(jnp.array([[3, 2, 0]]))  # predicts "21", label "12"
+      >>> round(float(number_level_loss(logits, jnp.array([[2, 3, 0]]), nt, reduction="sum")), 4)
+      0.2727
+      >>> wide = NumberTokens.from_pieces(["<pad>", "4", "5", "123", "007"], digit_level=False)
+      >>> logits = jnp.log(jax.nn.one_hot(jnp.array([[3, 2, 0]]), 5) + 1e-30)  # predicts "123", "5"
+      >>> round(float(number_level_loss(logits, jnp.array([[3, 1, 0]]), wide, reduction="sum")), 6)  # 1/2469
+      0.000405
     """
     check_bool("float_level", float_level)
     if isinstance(max_number_length, bool) or not isinstance(max_number_length, numbers.Integral) \
@@ -936,11 +939,12 @@ def number_token_loss(
     its Gaussian-smoothed label comes with `cross_entropy_and_ntl(gce_sigma=...)`).
     Other arguments as in `ntl_was`.
 
-    >>> import jax.numpy as jnp
-    >>> nt = NumberTokens.from_pieces(["<pad>", "2", "0", "1"])  # ids out of value order
-    >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.5, 0.0]]]) + 1e-30)
-    >>> float(number_token_loss(logits, jnp.array([[3]]), nt, kind="was_cdf", reduction="sum"))  # |.5-0| + |.5-1|
-    1.0
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> nt = NumberTokens.from_pieces(["<pad>", "2", "0", "1"])  # ids out of value order
+      >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.5, 0.0]]]) + 1e-30)
+      >>> float(number_token_loss(logits, jnp.array([[3]]), nt, kind="was_cdf", reduction="sum"))  # |.5-0| + |.5-1|
+      1.0
     """
     return _ntl(logits, targets, number_tokens, kind=kind, weights=weights, reweigh=reweigh,
                 squash_factor=squash_factor, reduction=reduction)
@@ -958,11 +962,12 @@ def predict_numbers(logits: ArrayLike, number_tokens: NumberTokens) -> tuple[jax
       the softmax over the number tokens only, and the full-vocabulary softmax
       probability on number tokens.
 
-    >>> import jax.numpy as jnp
-    >>> nt = NumberTokens.from_pieces(["a", "0", "1", "2"])
-    >>> value, mass = predict_numbers(jnp.log(jnp.array([[[0.5, 0.25, 0.0, 0.25]]]) + 1e-30), nt)
-    >>> round(float(value[0, 0]), 4), round(float(mass[0, 0]), 4)
-    (1.0, 0.5)
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> nt = NumberTokens.from_pieces(["a", "0", "1", "2"])
+      >>> value, mass = predict_numbers(jnp.log(jnp.array([[[0.5, 0.25, 0.0, 0.25]]]) + 1e-30), nt)
+      >>> round(float(value[0, 0]), 4), round(float(mass[0, 0]), 4)
+      (1.0, 0.5)
     """
     check_inputs(logits, None, number_tokens)
     logits = jnp.asarray(logits)

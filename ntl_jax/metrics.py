@@ -36,8 +36,9 @@ CLIP = 1e10
 def parse_number(text) -> float:
     """The last number in `text` (NaN if none), the paper's parser without clipping.
 
-    >>> parse_number("x = -1747.09"), parse_number("no digits")
-    (-1747.09, nan)
+    Examples:
+      >>> parse_number("x = -1747.09"), parse_number("no digits")
+      (-1747.09, nan)
     """
     if text is None:
         return math.nan
@@ -162,9 +163,10 @@ def regression_metrics(targets, predictions) -> dict[str, float]:
     when either side is constant (a model that answers one number to everything has no
     correlation). Every target must hold a number.
 
-    >>> m = regression_metrics(["100", "200", "300"], ["110", "190", "no idea"])
-    >>> round(m["rmse"], 6), round(m["pearson_r"], 6), round(m["parsed"], 4)
-    (10.0, 1.0, 0.6667)
+    Examples:
+      >>> m = regression_metrics(["100", "200", "300"], ["110", "190", "no idea"])
+      >>> round(m["rmse"], 6), round(m["pearson_r"], 6), round(m["parsed"], 4)
+      (10.0, 1.0, 0.6667)
     """
     if len(targets) != len(predictions):
         raise ValueError(
@@ -192,9 +194,10 @@ def regression_metrics(targets, predictions) -> dict[str, float]:
 def number_metrics(targets, predictions) -> dict[str, float]:
     """seqio metric fn: every number metric of the paper in one dict.
 
-    >>> m = number_metrics(["12", "-3", "7"], ["12", "-1", ""])
-    >>> m["number_accuracy"], m["mae"], m["fraction_unparseable"]
-    (0.3333333333333333, 1.0, 0.3333333333333333)
+    Examples:
+      >>> m = number_metrics(["12", "-3", "7"], ["12", "-1", ""])
+      >>> m["number_accuracy"], m["mae"], m["fraction_unparseable"]
+      (0.3333333333333333, 1.0, 0.3333333333333333)
     """
     t, p = _pairs(targets, predictions)
     ok = ~np.isnan(p)

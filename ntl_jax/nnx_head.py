@@ -138,21 +138,22 @@ def hidden_states_and_kernel(model: nnx.Module, *args, head: str | nnx.Module | 
       ValueError: `head` names nothing, the model called the projection other than once,
         or it returned something other than the projection's output (`[..., vocab]`).
 
-    >>> from flax import nnx
-    >>> import jax.numpy as jnp
-    >>> class Tiny(nnx.Module):
-    ...     def __init__(self, rngs):
-    ...         self.embed = nnx.Embed(7, 4, rngs=rngs)
-    ...         self.lm_head = nnx.Linear(4, 7, use_bias=False, rngs=rngs)
-    ...     def __call__(self, tokens):
-    ...         return self.lm_head(jnp.tanh(self.embed(tokens)))
-    >>> model = Tiny(nnx.Rngs(0))
-    >>> tokens = jnp.array([[1, 2, 3]])
-    >>> hidden, kernel = hidden_states_and_kernel(model, tokens)
-    >>> hidden.shape, kernel.shape
-    ((1, 3, 4), (4, 7))
-    >>> bool(jnp.allclose(hidden @ kernel, model(tokens), atol=1e-6))
-    True
+    Examples:
+      >>> from flax import nnx
+      >>> import jax.numpy as jnp
+      >>> class Tiny(nnx.Module):
+      ...     def __init__(self, rngs):
+      ...         self.embed = nnx.Embed(7, 4, rngs=rngs)
+      ...         self.lm_head = nnx.Linear(4, 7, use_bias=False, rngs=rngs)
+      ...     def __call__(self, tokens):
+      ...         return self.lm_head(jnp.tanh(self.embed(tokens)))
+      >>> model = Tiny(nnx.Rngs(0))
+      >>> tokens = jnp.array([[1, 2, 3]])
+      >>> hidden, kernel = hidden_states_and_kernel(model, tokens)
+      >>> hidden.shape, kernel.shape
+      ((1, 3, 4), (4, 7))
+      >>> bool(jnp.allclose(hidden @ kernel, model(tokens), atol=1e-6))
+      True
     """
     if not isinstance(model, nnx.Module):
         raise TypeError(f"expected an nnx.Module, got {type(model).__name__} (linen networks: flax_head)")

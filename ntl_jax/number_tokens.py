@@ -57,9 +57,10 @@ class NumberTokens:
       dot_id: id of the `.` token, or None (used by the float-level number loss).
       vocab_size: `V`.
 
-    >>> nt = NumberTokens.from_pieces(["<pad>", "</s>", "1", "0", "a", "."])
-    >>> nt.ids.tolist(), nt.number_values.tolist(), nt.dot_id
-    ([2, 3], [1.0, 0.0], 5)
+    Examples:
+      >>> nt = NumberTokens.from_pieces(["<pad>", "</s>", "1", "0", "a", "."])
+      >>> nt.ids.tolist(), nt.number_values.tolist(), nt.dot_id
+      ([2, 3], [1.0, 0.0], 5)
     """
 
     def __init__(self, values: Any, ids: Any, number_values: Any, digit_counts: Any, opens_number: Any, *,
@@ -171,16 +172,17 @@ class NumberTokens:
           TypeError: if `tokenizer` offers none of these APIs, or yields non-string tokens.
           ValueError: if no token, or every token, is a number.
 
-        >>> class Processor:  # the SentencePieceProcessor API
-        ...     def get_piece_size(self):
-        ...         return 4
-        ...     def id_to_piece(self, i):
-        ...         return ["<unk>", "▁12", "07", "7"][i]
-        >>> NumberTokens.from_tokenizer(Processor(), digit_level=False).ids.tolist()
-        [2, 3]
-        >>> nt = NumberTokens.from_tokenizer(Processor(), digit_level=False, prefixed_numbers=True)
-        >>> nt.number_values.tolist(), nt.digit_counts.tolist()
-        ([12.0, 7.0, 7.0], [0, 2, 2, 1])
+        Examples:
+          >>> class Processor:  # the SentencePieceProcessor API
+          ...     def get_piece_size(self):
+          ...         return 4
+          ...     def id_to_piece(self, i):
+          ...         return ["<unk>", "▁12", "07", "7"][i]
+          >>> NumberTokens.from_tokenizer(Processor(), digit_level=False).ids.tolist()
+          [2, 3]
+          >>> nt = NumberTokens.from_tokenizer(Processor(), digit_level=False, prefixed_numbers=True)
+          >>> nt.number_values.tolist(), nt.digit_counts.tolist()
+          ([12.0, 7.0, 7.0], [0, 2, 2, 1])
         """
         from ntl_jax.tokenizer_pieces import tokenizer_pieces
 

@@ -108,11 +108,12 @@ def loss_normalizing_factor_and_weights(
       TypeError, ValueError: for a factor that is no number, string or enum member, a
         number that is not finite and > 0, or segment features of the wrong shape.
 
-    >>> import jax.numpy as jnp
-    >>> factor, w = loss_normalizing_factor_and_weights(
-    ...     "AVERAGE_PER_SEQUENCE", jnp.array([[5, 6, 1, 0], [7, 1, 0, 0]]))
-    >>> float(factor), w.tolist()
-    (2.0, [[0.3333333432674408, 0.3333333432674408, 0.3333333432674408, 0.0], [0.5, 0.5, 0.0, 0.0]])
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> factor, w = loss_normalizing_factor_and_weights(
+      ...     "AVERAGE_PER_SEQUENCE", jnp.array([[5, 6, 1, 0], [7, 1, 0, 0]]))
+      >>> float(factor), w.tolist()
+      (2.0, [[0.3333333432674408, 0.3333333432674408, 0.3333333432674408, 0.0], [0.5, 0.5, 0.0, 0.0]])
     """
     losses.check_array("targets", targets, "[batch, length]")
     targets_shape = jnp.shape(targets)
@@ -278,10 +279,11 @@ def weighted_cross_entropy(
       `(loss, z_loss, weight_sum)`: the weighted, normalised sums; `loss` includes
       the z-loss term.
 
-    >>> import jax.numpy as jnp
-    >>> loss, z, n = weighted_cross_entropy(jnp.zeros((1, 2, 4)), jnp.array([[1, 2]]))
-    >>> round(float(loss), 4), float(z), int(n)  # 2 * log(4)
-    (2.7726, 0.0, 2)
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> loss, z, n = weighted_cross_entropy(jnp.zeros((1, 2, 4)), jnp.array([[1, 2]]))
+      >>> round(float(loss), 4), float(z), int(n)  # 2 * log(4)
+      (2.7726, 0.0, 2)
     """
     losses.check_array("logits", logits, "[batch, length, vocab]")
     losses.check_array("targets", targets, "[batch, length]")
@@ -389,17 +391,18 @@ def cross_entropy_and_ntl(
       `ntl_weight_sum` (weight on the positions NTL counts) and
       `loss_normalizing_factor` (1 when None).
 
-    >>> import jax.numpy as jnp
-    >>> nt = NumberTokens.from_pieces(["<pad>", "</s>", "0", "1", "2"])
-    >>> logits = jnp.zeros((1, 2, 5))
-    >>> loss, parts = cross_entropy_and_ntl(logits, jnp.array([[3, 1]]), nt,
-    ...                                     loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
-    >>> round(float(parts["cross_entropy"]), 4), round(float(parts["ntl"]), 4)  # log 5; (2/3)/2
-    (1.6094, 0.3333)
-    >>> loss, parts = cross_entropy_and_ntl(logits, jnp.array([[3, 1]]), nt, gce_sigma=1.0, ntl_kind="was_cdf",
-    ...                                     loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
-    >>> round(float(parts["cross_entropy"]), 4)  # the label on "1" is (e^-.5, 1, e^-.5) / (1 + 2 e^-.5): log 5 again
-    1.6094
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> nt = NumberTokens.from_pieces(["<pad>", "</s>", "0", "1", "2"])
+      >>> logits = jnp.zeros((1, 2, 5))
+      >>> loss, parts = cross_entropy_and_ntl(logits, jnp.array([[3, 1]]), nt,
+      ...                                     loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+      >>> round(float(parts["cross_entropy"]), 4), round(float(parts["ntl"]), 4)  # log 5; (2/3)/2
+      (1.6094, 0.3333)
+      >>> loss, parts = cross_entropy_and_ntl(logits, jnp.array([[3, 1]]), nt, gce_sigma=1.0, ntl_kind="was_cdf",
+      ...                                     loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+      >>> round(float(parts["cross_entropy"]), 4)  # the label on "1" is (e^-.5, 1, e^-.5) / (1 + 2 e^-.5): log 5 again
+      1.6094
     """
     check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss, gce_sigma)
     weights = losses.check_inputs(logits, targets, number_tokens, weights)

@@ -8,13 +8,14 @@ BPE tokens (GPT-2, LLaMA-3, Qwen) are written in GPT-2's byte-to-unicode alphabe
 tokenizer has no token for (a hole in its vocabulary) gets the piece `""`, which is
 never a number.
 
->>> class Processor:  # the sentencepiece.SentencePieceProcessor API
-...     def get_piece_size(self):
-...         return 3
-...     def id_to_piece(self, i):
-...         return ["<unk>", "▁12", "7"][i]
->>> tokenizer_pieces(Processor())
-['<unk>', '▁12', '7']
+Examples:
+  >>> class Processor:  # the sentencepiece.SentencePieceProcessor API
+  ...     def get_piece_size(self):
+  ...         return 3
+  ...     def id_to_piece(self, i):
+  ...         return ["<unk>", "▁12", "7"][i]
+  >>> tokenizer_pieces(Processor())
+  ['<unk>', '▁12', '7']
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Renders docs/results/*.json into the README's <!-- results:NAME --> blocks.
+"""Renders docs/results/*.json into docs/evidence.md's <!-- results:NAME --> blocks.
 
     python scripts/render_results.py                    # rewrite the blocks in place
     python scripts/render_results.py --check            # exit 1 if a block is stale
@@ -29,7 +29,7 @@ from ntl_jax.train.logging_utils import write_json  # noqa: E402
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", default=str(ROOT / "README.md"),
+    parser.add_argument("--readme", default=str(ROOT / "docs" / "evidence.md"),
                         help="the Markdown file with the markers (default: %(default)s)")
     parser.add_argument("--results", default=str(ROOT / "docs" / "results"),
                         help="directory of the result files (default: %(default)s)")
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     parser.add_argument("--refresh-paired", action="store_true",
                         help="recompute the \"paired\" section of every result file from its runs")
     parser.add_argument("--show", metavar="FILE",
-                        help="print the tables of one result file instead of writing the README")
+                        help="print the tables of one result file instead of writing the page")
     parser.add_argument("--against", metavar="LOSS",
                         help="with --show: pair every loss with LOSS's run of its seed, not the "
                              "file's baseline")
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         with open(args.readme, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
-        print(f"render_results: error: cannot read the README: {e}", file=sys.stderr)
+        print(f"render_results: error: cannot read {args.readme}: {e}", file=sys.stderr)
         return 2
     if args.refresh_paired:
         for path in sorted(pathlib.Path(args.results).glob("*.json")):

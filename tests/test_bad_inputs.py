@@ -413,7 +413,7 @@ def test_a_zero_weight_inside_a_number_ends_it_where_ntloss_joins_across():
     marks a position whose logits are never read, inside a number too, so the numbers are
     "1" and "3" (both right: 0), and NaN logits there change nothing. ntloss joins 123
     across it, reading the masked digit's prediction (193), and weighs the number by its
-    first digit's weight: [0, 0.2215, 0, 0, 0]. The README says how the two differ."""
+    first digit's weight: [0, 0.2215, 0, 0, 0]. docs/guides/losses.md says how the two differ."""
     torch = pytest.importorskip("torch")
     ntloss = pytest.importorskip("ntloss")
     from tests import ntloss_cases as cases

@@ -1,7 +1,8 @@
 """The T5X gin files in `t5x_configs/`, checked as text (no T5X needed).
 
-- every gin file the README names exists, and the README's table describes every file;
-- the README maps each of the earlier one-file-per-loss experiments to a command;
+- every gin file the README and the documentation name exists, and the T5X guide's table
+  describes every file;
+- the T5X guide maps each of the earlier one-file-per-loss experiments to a command;
 - every `include` resolves: ntl_jax's to a file here, T5X's to a file under `t5x/`;
 - no gin file hard-codes a rounded vocabulary size (384 for bytes) that the network can
   compute from the vocabulary (`@ntl_models.padded_vocab_size()`).
@@ -16,9 +17,11 @@ import re
 
 import pytest
 
+from tests import docs_pages
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "t5x_configs"
-README = REPO / "README.md"
+T5X_GUIDE = docs_pages.page("guides/t5x.md")
 GIN_FILES = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.gin"))
 EXPERIMENTS = [f for f in GIN_FILES if f.startswith("experiments/")]
 LOSS_FILES = [f for f in GIN_FILES if f.startswith("losses/")]
@@ -49,9 +52,9 @@ def brace_expand(pattern: str) -> list:
 
 
 def gin_files_section() -> str:
-    text = README.read_text()
-    start = text.index("### The gin files\n")
-    return text[start:text.index("\n### ", start + 1)]
+    text = T5X_GUIDE.read_text()
+    start = text.index("## The gin files\n")
+    return text[start:text.index("\n## ", start + 1)]
 
 
 def _tables(section: str) -> list:
@@ -67,14 +70,14 @@ def _tables(section: str) -> list:
 
 
 def readme_file_table() -> list:
-    """The file patterns in the first column of the README's gin files table."""
+    """The file patterns in the first column of the T5X guide's gin files table."""
     return [re.fullmatch(r"`([^`]+)`", row[0]).group(1) for row in _tables(gin_files_section())[0]]
 
 
 def earlier_experiments() -> dict:
-    """{earlier file: [(gin files, gin bindings), ...]}, the README's equivalent commands.
+    """{earlier file: [(gin files, gin bindings), ...]}, the T5X guide's equivalent commands.
 
-    The README maps `<protocol>/<size>_<task>_<loss>.gin` to commands on
+    The guide maps `<protocol>/<size>_<task>_<loss>.gin` to commands on
     `experiments/<protocol>/<size>_<task>.gin`; here the placeholders are filled in
     from the experiment files there are now.
     """
@@ -118,10 +121,10 @@ def test_the_layout():
     assert LOSS_FILES == [f"losses/{loss}.gin" for loss in sorted(EARLIER_LOSSES)]
 
 
-def test_every_gin_file_the_readme_names_exists():
-    text = README.read_text()
+def test_every_gin_file_the_documentation_names_exists():
+    text = docs_pages.all_text()
     named = set(re.findall(r"t5x_configs/([\w/.-]+\.gin)", text))
-    assert named, "the README names no gin file"
+    assert named, "the documentation names no gin file"
     assert sorted(named - set(GIN_FILES)) == []
     listed = [f for pattern in readme_file_table() for f in brace_expand(pattern)]
     assert sorted(set(listed) - set(GIN_FILES)) == [], "the gin files table names missing files"

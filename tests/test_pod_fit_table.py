@@ -1,7 +1,7 @@
-"""The README's pod-fit table is `benchmarks/t5x_pod_fit.py`'s rendering of the committed
+"""The T5X guide's pod-fit table is `benchmarks/t5x_pod_fit.py`'s rendering of the committed
 `benchmarks/results/t5x_pod_fit.json`, and in it NTL from the logits costs at most 2 % more
 per chip than CE (memory and HBM traffic). The fused head is not held to it: at the
-fine-tuning gins' two sequences per chip it costs more than it saves (the README says
+fine-tuning gins' two sequences per chip it costs more than it saves (the guide says
 how much, and why)."""
 
 import importlib.util
@@ -15,8 +15,8 @@ spec.loader.exec_module(pod_fit)
 RESULTS = json.loads(pod_fit.RESULTS.read_text())
 
 
-def test_the_readme_shows_the_committed_results():
-    assert pod_fit.table(RESULTS) in (ROOT / "README.md").read_text()
+def test_the_t5x_guide_shows_the_committed_results():
+    assert pod_fit.table(RESULTS) in (ROOT / "docs" / "guides" / "t5x.md").read_text()
 
 
 def test_ntl_from_the_logits_costs_at_most_2_percent_more_than_ce_per_chip():

@@ -1,4 +1,5 @@
-"""The README's result tables are renderings of the committed docs/results/*.json files."""
+"""The evidence page's result tables are renderings of the committed docs/results/*.json
+files, and the README's summary rows are rows of those tables."""
 
 import json
 import math
@@ -9,23 +10,25 @@ import numpy as np
 import pytest
 
 from ntl_jax.train import results_table
+from tests import docs_pages
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
+EVIDENCE = docs_pages.page("evidence.md")
 
 
-def test_readme_blocks_match_the_result_files():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_evidence_blocks_match_the_result_files():
+    text = EVIDENCE.read_text(encoding="utf-8")
     assert results_table.stale_blocks(text, str(RESULTS)) == []
 
 
-def test_every_result_file_is_in_the_readme_with_five_paired_seeds_or_more():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_every_result_file_is_on_the_evidence_page_with_five_paired_seeds_or_more():
+    text = EVIDENCE.read_text(encoding="utf-8")
     names = set(re.findall(r"<!-- results:([\w.-]+) -->", text))
     files = sorted(RESULTS.glob("*.json"))
     assert len(files) >= 2
     for path in files:
-        assert path.stem in names, f"{path.name} is not rendered in README.md"
+        assert path.stem in names, f"{path.name} is not rendered in docs/evidence.md"
         result = json.loads(path.read_text())
         assert result["command"].startswith("ntl-jax compare ")
         for loss, per_metric in result["paired"].items():
@@ -35,9 +38,9 @@ def test_every_result_file_is_in_the_readme_with_five_paired_seeds_or_more():
                 assert lo <= entry["mean_diff"] <= hi, (path.name, loss, metric)
 
 
-def test_readme_rows_show_student_t_intervals_and_the_few_seeds_verdict():
+def test_evidence_rows_show_student_t_intervals_and_the_few_seeds_verdict():
     stats = pytest.importorskip("scipy.stats")
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = EVIDENCE.read_text(encoding="utf-8")
     checked = 0
     for path in sorted(RESULTS.glob("*.json")):
         result = json.loads(path.read_text())
@@ -67,3 +70,44 @@ def test_readme_rows_show_student_t_intervals_and_the_few_seeds_verdict():
                 assert line.endswith("| too few seeds to tell |") == (0 < untied < 6), line
                 checked += 1
     assert checked >= 30
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub and MkDocs give a heading (lower case, punctuation dropped)."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _result_of_each_section() -> dict:
+    """{anchor of an evidence section: the result file rendered in it}."""
+    found, anchor = {}, None
+    for line in EVIDENCE.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            anchor = _slug(line[3:])
+        elif (m := re.match(r"<!-- results:([\w.-]+) -->", line)) and anchor:
+            found.setdefault(anchor, m.group(1))
+    return found
+
+
+def _cells(line: str) -> list:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_readme_summary_rows_are_rows_of_the_evidence_tables():
+    readme = docs_pages.README.read_text(encoding="utf-8")
+    start = readme.index("<!-- evidence-summary -->")
+    rows = [ln for ln in readme[start:readme.index("<!-- /evidence-summary -->")].splitlines()
+            if ln.startswith("| [")]
+    sections = _result_of_each_section()
+    assert len(rows) >= 5
+    assert len({re.search(r"#([\w-]+)\)", r).group(1) for r in rows}) == len(sections) == 5
+    for row in rows:
+        setting, *cells = _cells(row)
+        anchor = re.fullmatch(r"\[[^]]+\]\(docs/evidence\.md#([\w-]+)\)", setting).group(1)
+        assert anchor in sections, (anchor, sorted(sections))
+        rendered = results_table.render(results_table.load(str(RESULTS / f"{sections[anchor]}.json")))
+        matches = [_cells(ln) for ln in rendered.splitlines()
+                   if ln.startswith("|") and _cells(ln)[:2] == cells[:2]]
+        assert len(matches) == 1, row
+        # loss − baseline, metric, mean, interval, better/worse/tied ... verdict
+        assert matches[0][:5] + matches[0][-1:] == cells, (row, matches[0])

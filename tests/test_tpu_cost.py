@@ -104,7 +104,7 @@ def test_standalone_loss_adds_at_most_5_percent_to_optax_ce(tpu, vocab, dtype, k
     ("t5", "bf16", ("was (default)", "was_cdf gce_sigma 1", "number_level", "was +rw", "was z_loss 1e-4",
                     "was label_smoothing 0.1", "was packed, AVERAGE_PER_SEQUENCE", "none (CE only)")),
     # not "was_cdf gce_sigma 1": against a smoothed label NTL-WAS-CDF needs every number
-    # token's column, which beyond 32 of them it gathers (2.65x at 1,110; see the README)
+    # token's column, which beyond 32 of them it gathers (2.65x at 1,110; see docs/performance.md)
     ("llama3", "bf16", ("was (default)", "was_cdf", "was gce_sigma 1", "was packed, AVERAGE_PER_SEQUENCE")),
     ("t5", "f32", ("was (default)",)),
 ])

@@ -55,7 +55,7 @@ TABLE_METRICS = {
                  "test_interpolate/log_mae", "test_interpolate/parsed"),
 }
 # The default budget (3 seeds x 2 losses x 1,000 steps) is sized to finish in under 10
-# minutes on 2 CPU cores; the README's result files name their larger budgets explicitly.
+# minutes on 2 CPU cores; the result files in docs/results name their larger budgets explicitly.
 DEFAULTS = dict(cli_train.DEFAULTS, steps=1000)
 
 

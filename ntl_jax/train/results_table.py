@@ -1,4 +1,4 @@
-"""Markdown tables of `ntl-jax compare` result files, and keeping the README in sync.
+"""Markdown tables of `ntl-jax compare` result files, and keeping the evidence page (docs/evidence.md) in sync.
 
 A result file (``docs/results/<name>.json``) is a JSON object with ``"command"``,
 ``"title"``, ``"machine"``, ``"seconds"``, ``"settings"``, ``"versions"``, ``"runs"``
@@ -7,7 +7,7 @@ A result file (``docs/results/<name>.json``) is a JSON object with ``"command"``
 `ntl_jax.train.paired_stats.describe` returns) and optionally ``"table_metrics"``
 (the metric names to show). `render` turns one into Markdown; `update_readme`
 replaces the text between ``<!-- results:<name> -->`` and ``<!-- /results:<name> -->``
-with the rendering of ``<name>.json``, so the README's numbers always come from the
+with the rendering of ``<name>.json``, so the evidence page's numbers always come from the
 files. Every verdict in the tables is computed from the numbers, and the paired statistics
 are recomputed from the per-seed numbers in ``"runs"`` (the file's ``"paired"`` is used only
 without them), so a file written before a change of method renders with the current one.
@@ -29,7 +29,7 @@ MARKER = re.compile(r"<!-- results:([A-Za-z0-9_.-]+) -->")
 
 
 class ResultsError(ValueError):
-    """A README marker without its closing marker or without its result file."""
+    """A results marker without its closing marker or without its result file."""
 
 
 def fmt(x) -> str:

@@ -2,7 +2,7 @@
 
 Every experiment file is built with each loss (its default, each loss overlay, the
 `--gin.` bindings), and so is every earlier one-file-per-loss experiment through the
-command the README maps it to. `tests/test_gin_files.py` checks the files as text.
+command the T5X guide maps it to. `tests/test_gin_files.py` checks the files as text.
 """
 
 import importlib
@@ -247,7 +247,7 @@ def test_paper_run_builds_its_model_and_task(gin_env, local_sentencepiece, name,
     [(old, files, bindings) for old, commands in earlier_experiments().items() for files, bindings in commands],
 )
 def test_earlier_experiment_is_reachable(gin_env, local_sentencepiece, old, files, bindings):
-    """The README's command for a removed experiment file trains what that file did."""
+    """The T5X guide's command for a removed experiment file trains what that file did."""
     if not _has_tasks():
         pytest.skip("ntl_jax.tasks is not available")
     model = _parse_and_build(files, [*_offline_bindings(local_sentencepiece, dropout=False), *bindings])
