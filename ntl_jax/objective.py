@@ -271,7 +271,8 @@ def weighted_cross_entropy(
 
     Positions with weight 0, and positions whose target id is outside `[0, vocab)`,
     are ignored: they add exactly 0 whatever their logits hold and do not count in
-    `weight_sum`. Options and concrete weights are checked when traced; under `jit`
+    `weight_sum` (T5X's rule, without an error; `check_targets(targets, vocab)` raises
+    for such ids instead). Options and concrete weights are checked when traced; under `jit`
     the weights are assumed finite and non-negative.
 
     Returns:
@@ -357,7 +358,9 @@ def cross_entropy_and_ntl(
     Args:
       logits: `[batch, length, vocab]` floating; `vocab` may exceed the table of
         `number_tokens` (a network's rounded-up vocabulary): those ids are no numbers.
-      targets: `[batch, length]` integer.
+      targets: `[batch, length]` integer. Ids outside `[0, vocab)` are ignored
+        without an error (T5X's rule); `check_targets(targets, vocab)` raises for them
+        instead (under `jit` through `jax.experimental.checkify`).
       number_tokens: the output vocabulary's `NumberTokens`.
       weights: optional `[batch, length]` loss weights (`decoder_loss_weights`).
       ntl_kind: a key of `ntl_jax.losses.VARIANTS`: `"was"` (the paper's default),
