@@ -25,7 +25,10 @@ offset quietly give a smaller loss: `check_targets(targets, vocab)` raises for t
 A position counts when its target is a number token and it is not ignored (for
 the number-level loss: when it starts a number). `reduction`:
 
-- `"none"`: `[batch, length]`, loss x weight at counted positions, 0 elsewhere;
+- `"none"` (the default): `[batch, length]`, loss x weight at counted positions, 0
+  elsewhere. An array, not a scalar: `jax.grad` of it fails with "Gradient only
+  defined for scalar-output functions", so to train on a loss pass `"mean"` or
+  `"sum"` (or reduce it yourself);
 - `"sum"`: the sum of that;
 - `"mean"`: that sum over the sum of the weights at counted positions (0 if none).
 
@@ -894,16 +897,21 @@ def ntl_was(
         `1.01 * max_dist * (1 - m)`. The paper does not; ntloss defaults to True.
       squash_factor: if given (> 1), the farthest wrong token costs this many times
         the closest wrong one.
-      reduction: `"none"`, `"sum"` or `"mean"` (see the module docstring).
+      reduction: `"none"` (the default, as ntloss's), `"sum"` or `"mean"` (see the
+        module docstring). `"none"` gives the per-position array, not a scalar: pass
+        `"mean"` or `"sum"` for a loss to differentiate, or `jax.grad` fails with
+        "Gradient only defined for scalar-output functions".
 
     Returns:
-      `[batch, length]` float32 for `"none"`, else a float32 scalar.
+      `[batch, length]` float32 for `"none"` (the default), else a float32 scalar.
 
     >>> import jax.numpy as jnp
     >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
     >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.0, 0.5]]]) + 1e-30)
     >>> float(ntl_was(logits, jnp.array([[1]]), nt, reduction="sum"))  # 0.5*0 + 0.5*2
     1.0
+    >>> ntl_was(logits, jnp.array([[1]]), nt).shape  # the default reduction="none": per position
+    (1, 1)
     """
     return _ntl(logits, targets, number_tokens, kind="was", weights=weights, reweigh=reweigh,
                 squash_factor=squash_factor, reduction=reduction)
@@ -927,7 +935,9 @@ def ntl_dot(
     (as `torch.nn.functional.huber_loss`); or `loss(sum_j p_j v_j, y)` for a function.
 
     Args:
-      logits, targets, number_tokens, weights, reduction: as in `ntl_was`.
+      logits, targets, number_tokens, weights: as in `ntl_was`.
+      reduction: as in `ntl_was`: the default `"none"` is the per-position array, not
+        a scalar to differentiate; pass `"mean"` or `"sum"` to train on it.
       loss: `"mse"`, `"mae"`, `"huber"`, or a function `(prediction, target) -> loss`
         of two float32 `[batch, length]` arrays, elementwise and traceable (jnp
         operations), as ntloss's `loss_function`: e.g. log-cosh,
@@ -937,7 +947,7 @@ def ntl_dot(
         does not reweigh; ntloss defaults to True.
 
     Returns:
-      `[batch, length]` float32 for `"none"`, else a float32 scalar.
+      `[batch, length]` float32 for `"none"` (the default), else a float32 scalar.
 
     >>> import jax.numpy as jnp
     >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
@@ -986,7 +996,9 @@ def number_level_loss(
     "3.5") are numbers on their own. On single-digit tables nothing changes.
 
     Args:
-      logits, targets, number_tokens, weights, reduction: as in `ntl_was`.
+      logits, targets, number_tokens, weights: as in `ntl_was`.
+      reduction: as in `ntl_was`: the default `"none"` is the per-position array, not
+        a scalar to differentiate; pass `"mean"` or `"sum"` to train on it.
       float_level: let a single `.` between digits join them (needs a `.` token).
       reweigh: as in `ntl_was` with `max_dist = 1`. The paper does not reweigh;
         ntloss defaults to True.
@@ -995,8 +1007,8 @@ def number_level_loss(
         label and the prediction alike, as ntloss does.
 
     Returns:
-      `[batch, length]` float32 for `"none"` (non-zero only at first digits), else a
-      float32 scalar.
+      `[batch, length]` float32 for `"none"` (the default; non-zero only at first
+      digits), else a float32 scalar.
 
     >>> import jax.numpy as jnp
     >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
@@ -1034,7 +1046,9 @@ def number_token_loss(
     """Any NTL variant by name: `kind` in `"was"`, `"mse"`, `"mae"`, `"huber"`,
     `"number_level"`, `"number_level_float"`, `"was_cdf"` (against the one-hot label;
     its Gaussian-smoothed label comes with `cross_entropy_and_ntl(gce_sigma=...)`).
-    Other arguments as in `ntl_was`.
+    Other arguments as in `ntl_was`; as there, the default `reduction="none"` returns
+    the per-position `[batch, length]` array, not a scalar: pass `"mean"` or `"sum"`
+    for a loss to differentiate.
 
     >>> import jax.numpy as jnp
     >>> nt = NumberTokens.from_pieces(["<pad>", "2", "0", "1"])  # ids out of value order
