@@ -352,7 +352,8 @@ def fused_cross_entropy_and_ntl(
       weights, ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
       gce_sigma, loss_normalizing_factor, decoder_segment_ids, decoder_positions: exactly
         as in `cross_entropy_and_ntl` (Gaussian smoothing needs only the number tokens'
-        logits, which the head computes anyway).
+        logits, which the head computes anyway): with `weights=None` pad targets count
+        unless the factor is a special one.
       chunk_size: vocabulary columns per chunk (per device when sharded); None picks
         about 8M logits per chunk (`default_chunk_size`), and with `vocab_axis` the
         same number of chunks, each over a device's share of the columns and tokens.
