@@ -5,12 +5,13 @@ Language Models", ICML 2025 (arXiv:2411.02083).
 """
 
 from ntl_jax.fused import fused_cross_entropy_and_ntl
-from ntl_jax.losses import ntl_dot, ntl_was, number_level_loss, number_token_loss, predict_numbers
+from ntl_jax.losses import check_targets, ntl_dot, ntl_was, number_level_loss, number_token_loss, predict_numbers
 from ntl_jax.number_tokens import NumberTokens
 from ntl_jax.objective import cross_entropy_and_ntl, loss_normalizing_factor_and_weights, weighted_cross_entropy
 
 __all__ = [
     "NumberTokens",
+    "check_targets",
     "cross_entropy_and_ntl",
     "fused_cross_entropy_and_ntl",
     "loss_normalizing_factor_and_weights",

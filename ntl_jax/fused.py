@@ -347,11 +347,13 @@ def fused_cross_entropy_and_ntl(
         linear in both.
       targets, number_tokens: as in `cross_entropy_and_ntl`; the kernel has a column
         per id of `number_tokens`' vocabulary, or more (ids beyond it are no numbers).
+        Targets outside `[0, kernel.shape[1])` are ignored without an error (T5X's
+        rule); `check_targets(targets, kernel.shape[1])` raises for them instead.
       weights: and the other options (`ntl_kind`, `ntl_weight`, `reweigh`, `squash_factor`,
         `label_smoothing`, `z_loss`, `gce_sigma`, `loss_normalizing_factor`,
         `decoder_segment_ids`, `decoder_positions`): exactly as in `cross_entropy_and_ntl`
         (Gaussian smoothing needs only the number tokens' logits, which the head computes
-        anyway).
+        anyway): with `weights=None` pad targets count unless the factor is a special one.
       chunk_size: vocabulary columns per chunk (per device when sharded); None picks
         about 8M logits per chunk (`default_chunk_size`), and with `vocab_axis` the
         same number of chunks, each over a device's share of the columns and tokens.

@@ -19,10 +19,16 @@ read of the logits, and the two ways of computing it, is `number_stats`'s),
 ignored, like ntloss's `ignore_index`, when its weight is 0 or its target
 id is outside `[0, vocab)`: it contributes exactly 0 whatever its logits hold (NaN and
 infinities included, gradients too) and it breaks a run of digits in the number-level
-loss. A position counts when its target is a number token and it is not ignored (for
+loss. Out-of-range targets are ignored without an error (T5X's rule), so ids off by an
+offset quietly give a smaller loss: `check_targets(targets, vocab)` raises for them
+(a `ValueError` outside `jit`; under `jit` through `jax.experimental.checkify`).
+A position counts when its target is a number token and it is not ignored (for
 the number-level loss: when it starts a number). `reduction`:
 
-- `"none"`: `[batch, length]`, loss x weight at counted positions, 0 elsewhere;
+- `"none"` (the default): `[batch, length]`, loss x weight at counted positions, 0
+  elsewhere. An array, not a scalar: `jax.grad` of it fails with "Gradient only
+  defined for scalar-output functions", so to train on a loss pass `"mean"` or
+  `"sum"` (or reduce it yourself);
 - `"sum"`: the sum of that;
 - `"mean"`: that sum over the sum of the weights at counted positions (0 if none).
 
@@ -186,6 +192,101 @@ def keep_positions(targets, weights, vocab_size: int):
     if weights is not None:
         keep &= weights != 0
     return keep, jnp.where(keep, targets, -1)
+
+
+# At most this many offending targets are named in `check_targets`' eager error.
+_SHOWN_TARGETS = 5
+
+
+def check_targets(targets: ArrayLike, vocab_size: int, *, ignore_index: int | None = -100) -> None:
+    """Raises if a target id is outside `[0, vocab_size)` and is not `ignore_index`.
+
+    Every loss here ignores such targets without an error (T5X's rule), so ids shifted
+    by an offset (a tokenizer that adds special tokens, labels built for another
+    vocabulary) quietly give a smaller loss. Call this on the targets before the loss to
+    have them raise instead; it returns nothing and changes nothing.
+
+    - Concrete targets (outside `jit`): raises `ValueError` naming the first offending
+      values, their indices, how many there are, and `vocab_size`.
+    - Traced targets (inside `jit`): the check is a `jax.experimental.checkify.check`,
+      so the function that calls it must be functionalised with `checkify`, which
+      returns the error as a value next to the output (below). Without `checkify`,
+      tracing it under `jit` fails ("Cannot abstractly evaluate a checkify.check which
+      was not functionalized").
+
+    ```python
+    from jax.experimental import checkify
+
+    def loss_fn(params, batch):
+        logits = model.apply(params, batch["inputs"])
+        ntl_jax.check_targets(batch["targets"], logits.shape[-1])
+        return ntl_jax.cross_entropy_and_ntl(logits, batch["targets"], number_tokens, ...)
+
+    checked = checkify.checkify(jax.jit(loss_fn))  # errors: user checks (the default)
+    err, out = checked(params, batch)
+    err.throw()  # raises (a ValueError) if a target was out of range
+    ```
+
+    Args:
+      targets: integer token ids, any shape (`[batch, length]` for the losses).
+      vocab_size: the logits' last axis (the kernel's columns for
+        `fused_cross_entropy_and_ntl`), which may exceed the tokenizer's vocabulary.
+      ignore_index: one id that is allowed outside the vocabulary because it marks an
+        ignored position, as ntloss's and PyTorch's `ignore_index` (default -100); None
+        allows none. Positions to ignore can always be given weight 0 instead.
+
+    Raises:
+      ValueError: concrete targets out of range, or bad arguments.
+      TypeError: targets that are not an integer array.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> check_targets(jnp.array([[3, 1, -100]]), 5)  # in range, or the ignore value
+      >>> check_targets(jnp.array([[3, 7, 9]]), 5)
+      Traceback (most recent call last):
+      ...
+      ValueError: expected target ids in [0, 5) (the vocabulary size is 5) or the ignore value -100,
+      got 2 out of range: 7 at (0, 1), 9 at (0, 2); the losses would ignore them silently
+    """
+    check_array("targets", targets, "[batch, length]")
+    if not jnp.issubdtype(jnp.result_type(targets), jnp.integer):
+        raise TypeError(f"expected integer targets (token ids), got {jnp.result_type(targets)}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or vocab_size < 1:
+        raise ValueError(f"expected vocab_size to be an integer >= 1, got {vocab_size!r}")
+    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral)):
+        raise ValueError(f"expected ignore_index to be an integer or None, got {ignore_index!r}")
+    expected = f"target ids in [0, {vocab_size}) (the vocabulary size is {vocab_size})"
+    if ignore_index is not None:
+        expected += f" or the ignore value {ignore_index}"
+        dtype_range = jnp.iinfo(jnp.result_type(targets))
+        if not dtype_range.min <= ignore_index <= dtype_range.max:
+            ignore_index = None  # the targets' dtype cannot hold it (e.g. -100 in uint32)
+    if is_concrete(targets):
+        ids = np.asarray(targets)
+        bad = (ids < 0) | (ids >= vocab_size)
+        if ignore_index is not None:
+            bad &= ids != ignore_index
+        if not bad.any():
+            return
+        where = np.argwhere(bad)
+        shown = ", ".join(f"{ids[tuple(i)]} at {tuple(int(k) for k in i)}" for i in where[:_SHOWN_TARGETS])
+        more = ", ..." if len(where) > _SHOWN_TARGETS else ""
+        raise ValueError(f"expected {expected}, got {len(where)} out of range: {shown}{more}; "
+                         "the losses would ignore them silently")
+    targets = jnp.asarray(targets)
+    in_vocab, _ = keep_positions(targets, None, vocab_size)
+    bad = ~in_vocab if ignore_index is None else ~in_vocab & (targets != ignore_index)
+    flat = bad.reshape(-1)
+    first = jnp.argmax(flat)
+    # checkify formats the array arguments; the fixed numbers are part of the message.
+    from jax.experimental import checkify
+
+    checkify.check(
+        ~jnp.any(flat),
+        f"expected {expected}, got {{value}} at flat index {{index}} (out of range in all: {{count}}); "
+        "the losses would ignore them silently",
+        value=targets.reshape(-1)[first], index=first, count=jnp.sum(flat),
+    )
 
 
 def _check_reduction(reduction: str) -> None:
@@ -787,17 +888,22 @@ def ntl_was(
 
     Args:
       logits: `[batch, length, vocab]` floating.
-      targets: `[batch, length]` integer token ids.
+      targets: `[batch, length]` integer token ids. Ids outside `[0, vocab)` are
+        ignored positions, without an error (T5X's rule); `check_targets(targets,
+        vocab)` raises for them instead.
       number_tokens: the vocabulary's `NumberTokens`.
       weights: optional `[batch, length]` non-negative weights.
       reweigh: scale by the full-vocabulary mass `m` on number tokens and add
         `1.01 * max_dist * (1 - m)`. The paper does not; ntloss defaults to True.
       squash_factor: if given (> 1), the farthest wrong token costs this many times
         the closest wrong one.
-      reduction: `"none"`, `"sum"` or `"mean"` (see the module docstring).
+      reduction: `"none"` (the default, as ntloss's), `"sum"` or `"mean"` (see the
+        module docstring). `"none"` gives the per-position array, not a scalar: pass
+        `"mean"` or `"sum"` for a loss to differentiate, or `jax.grad` fails with
+        "Gradient only defined for scalar-output functions".
 
     Returns:
-      `[batch, length]` float32 for `"none"`, else a float32 scalar.
+      `[batch, length]` float32 for `"none"` (the default), else a float32 scalar.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -805,6 +911,8 @@ def ntl_was(
       >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.0, 0.5]]]) + 1e-30)
       >>> float(ntl_was(logits, jnp.array([[1]]), nt, reduction="sum"))  # 0.5*0 + 0.5*2
       1.0
+      >>> ntl_was(logits, jnp.array([[1]]), nt).shape  # the default reduction="none": per position
+      (1, 1)
     """
     return _ntl(logits, targets, number_tokens, kind="was", weights=weights, reweigh=reweigh,
                 squash_factor=squash_factor, reduction=reduction)
@@ -828,7 +936,9 @@ def ntl_dot(
     (as `torch.nn.functional.huber_loss`); or `loss(sum_j p_j v_j, y)` for a function.
 
     Args:
-      logits, targets, number_tokens, weights, reduction: as in `ntl_was`.
+      logits, targets, number_tokens, weights: as in `ntl_was`.
+      reduction: as in `ntl_was`: the default `"none"` is the per-position array, not
+        a scalar to differentiate; pass `"mean"` or `"sum"` to train on it.
       loss: `"mse"`, `"mae"`, `"huber"`, or a function `(prediction, target) -> loss`
         of two float32 `[batch, length]` arrays, elementwise and traceable (jnp
         operations), as ntloss's `loss_function`: e.g. log-cosh,
@@ -838,7 +948,7 @@ def ntl_dot(
         does not reweigh; ntloss defaults to True.
 
     Returns:
-      `[batch, length]` float32 for `"none"`, else a float32 scalar.
+      `[batch, length]` float32 for `"none"` (the default), else a float32 scalar.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -888,7 +998,9 @@ def number_level_loss(
     "3.5") are numbers on their own. On single-digit tables nothing changes.
 
     Args:
-      logits, targets, number_tokens, weights, reduction: as in `ntl_was`.
+      logits, targets, number_tokens, weights: as in `ntl_was`.
+      reduction: as in `ntl_was`: the default `"none"` is the per-position array, not
+        a scalar to differentiate; pass `"mean"` or `"sum"` to train on it.
       float_level: let a single `.` between digits join them (needs a `.` token).
       reweigh: as in `ntl_was` with `max_dist = 1`. The paper does not reweigh;
         ntloss defaults to True.
@@ -897,8 +1009,8 @@ def number_level_loss(
         label and the prediction alike, as ntloss does.
 
     Returns:
-      `[batch, length]` float32 for `"none"` (non-zero only at first digits), else a
-      float32 scalar.
+      `[batch, length]` float32 for `"none"` (the default; non-zero only at first
+      digits), else a float32 scalar.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -937,7 +1049,9 @@ def number_token_loss(
     """Any NTL variant by name: `kind` in `"was"`, `"mse"`, `"mae"`, `"huber"`,
     `"number_level"`, `"number_level_float"`, `"was_cdf"` (against the one-hot label;
     its Gaussian-smoothed label comes with `cross_entropy_and_ntl(gce_sigma=...)`).
-    Other arguments as in `ntl_was`.
+    Other arguments as in `ntl_was`; as there, the default `reduction="none"` returns
+    the per-position `[batch, length]` array, not a scalar: pass `"mean"` or `"sum"`
+    for a loss to differentiate.
 
     Examples:
       >>> import jax.numpy as jnp

@@ -37,6 +37,48 @@ def _parse_number(piece: str, *, digit_level: bool) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _is_number_piece(piece: str, *, digit_level: bool, prefixed_numbers: bool) -> bool:
+    """Whether `from_pieces` with these options makes `piece` a number token."""
+    marked = prefixed_numbers and piece[:1] in _SPACE_PREFIXES
+    if marked and _parse_number(piece[1:], digit_level=digit_level) is not None:
+        return True
+    return _parse_number(piece, digit_level=digit_level) is not None
+
+
+_OPTION_NOTES = {
+    "digit_level=False": "digit_level=False counts every piece that parses as a finite number ('12', '-1', "
+                         "'3.5'), not only the single digits 0-9",
+    "prefixed_numbers=True": "prefixed_numbers=True also counts a number after one space marker ('Ġ12', '▁12'), "
+                             "valued by its digits (an option of from_pieces and from_tokenizer, which also "
+                             "takes what from_vocabulary takes)",
+}
+
+
+def _other_options_hint(pieces: Sequence[str], digit_level: bool, prefixed_numbers: bool) -> str:
+    """For the no-number-token error: which other options of `from_pieces` would find
+    number tokens among `pieces` (multi-digit pieces need `digit_level=False`,
+    space-marked ones `prefixed_numbers=True`), how many and a few of them; "" if none."""
+    current = (digit_level, prefixed_numbers)
+    found = {}
+    for other in dict.fromkeys(((False, prefixed_numbers), (digit_level, True), (False, True))):
+        if other != current:
+            found[other] = [p for p in pieces if _is_number_piece(p, digit_level=other[0], prefixed_numbers=other[1])]
+    hints, options = [], []
+    for other, numbers in found.items():
+        both = other[0] != digit_level and other[1] != prefixed_numbers
+        # Both changes: worth naming only if they find more than one change alone (a superset).
+        if not numbers or both and any(len(numbers) == len(n) for o, n in found.items() if o != other and n):
+            continue
+        changed = [option for option, differs in (("digit_level=False", other[0] != digit_level),
+                                                  ("prefixed_numbers=True", other[1] != prefixed_numbers)) if differs]
+        examples = ", ".join(repr(piece) for piece in numbers[:3]) + (", ..." if len(numbers) > 3 else "")
+        hints.append(f"{' with '.join(changed)} would find {len(numbers)} ({examples})")
+        options += [option for option in changed if option not in options]
+    if not hints:
+        return ""
+    return "; " + "; ".join(hints) + ". " + "; ".join(_OPTION_NOTES[option] for option in options)
+
+
 @jax.tree_util.register_pytree_node_class
 class NumberTokens:
     """The number tokens of a vocabulary and their values.
@@ -126,7 +168,7 @@ class NumberTokens:
             kind = "a single digit 0-9" if digit_level else "a finite number"
             raise ValueError(
                 f"expected at least one number token in the vocabulary (a piece that is {kind}), "
-                f"got none among {len(pieces)} pieces"
+                f"got none among {len(pieces)} pieces" + _other_options_hint(pieces, digit_level, prefixed_numbers)
             )
         if is_number.all():
             raise ValueError(

@@ -263,7 +263,8 @@ def weighted_cross_entropy(
     Args:
       logits: `[batch, length, vocab]` floating.
       targets: `[batch, length]` integer.
-      weights: optional `[batch, length]`; without it every position counts.
+      weights: optional `[batch, length]`; without it every position counts, pad
+        targets (id 0) included.
       label_smoothing: T5X's label smoothing (true class `1 - ls`, the rest share `ls`).
       z_loss: coefficient of the auxiliary `logsumexp(logits)^2` term.
       loss_normalizing_factor: a number (resolve special factors first with
@@ -272,7 +273,8 @@ def weighted_cross_entropy(
 
     Positions with weight 0, and positions whose target id is outside `[0, vocab)`,
     are ignored: they add exactly 0 whatever their logits hold and do not count in
-    `weight_sum`. Options and concrete weights are checked when traced; under `jit`
+    `weight_sum` (T5X's rule, without an error; `check_targets(targets, vocab)` raises
+    for such ids instead). Options and concrete weights are checked when traced; under `jit`
     the weights are assumed finite and non-negative.
 
     Returns:
@@ -354,14 +356,25 @@ def cross_entropy_and_ntl(
     loss-normalising factor, so `ntl_weight` means the same thing under every factor,
     packed or not. With `ntl_weight=0` this is exactly T5X's stock loss, and NTL is
     still computed and reported in `parts` (the cross-entropy baseline's diagnostic);
-    `ntl_kind="none"` skips computing it.
+    `ntl_kind="none"` skips computing it. Pad targets count unless `weights` or a
+    special `loss_normalizing_factor` leaves them out (see `weights`).
 
     Args:
       logits: `[batch, length, vocab]` floating; `vocab` may exceed the table of
         `number_tokens` (a network's rounded-up vocabulary): those ids are no numbers.
-      targets: `[batch, length]` integer.
+      targets: `[batch, length]` integer. Ids outside `[0, vocab)` are ignored
+        without an error (T5X's rule); `check_targets(targets, vocab)` raises for them
+        instead (under `jit` through `jax.experimental.checkify`).
       number_tokens: the output vocabulary's `NumberTokens`.
       weights: optional `[batch, length]` loss weights (`decoder_loss_weights`).
+        **Padding counts unless you say otherwise.** With `weights=None` every target
+        in `[0, vocab)` counts, the pad id 0 included: in a padded batch the
+        cross-entropy trains the model to predict the padding, and
+        `parts["weight_sum"]` counts the pads. Only a special
+        `loss_normalizing_factor` (a name such as `"NUM_REAL_TARGET_TOKENS"`) makes
+        the default `targets > 0` (T5X's rule; a number or None does not). In your own
+        optax step, pass `weights=(targets > 0)` (or your padding mask), or a special
+        factor.
       ntl_kind: a key of `ntl_jax.losses.VARIANTS`: `"was"` (the paper's default),
         `"mse"`, `"mae"`, `"huber"`, `"number_level"`, `"number_level_float"`,
         `"was_cdf"`; a function `(prediction, target) -> loss` for NTL-L_p with that

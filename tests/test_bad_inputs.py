@@ -348,6 +348,73 @@ def test_ids_outside_vocab_are_ignored_by_every_count():
     np.testing.assert_allclose([float(ce), float(z)], [float(ce_ref), float(z_ref)], rtol=1e-6)
 
 
+# -- check_targets: the opt-in error for ids the losses would ignore -------------------
+
+# Ids shifted by an offset: 15, 16, 19 in row 0 and 23, 14, 14 in row 1 leave [0, V = 14).
+OFFSET_TARGETS = jnp.where(TARGETS > 0, TARGETS + 10, 0)
+
+
+def test_offset_targets_are_ignored_quietly_unless_checked():
+    # The losses keep T5X's rule (no error, fewer positions counted) ...
+    _, parts = objective(targets=OFFSET_TARGETS, weights=WEIGHTS)
+    assert float(parts["weight_sum"]) == 4.0 and float(WEIGHTS.sum()) == 10.0
+    # ... and check_targets names what it expected and what came.
+    with pytest.raises(ValueError) as info:
+        ntl_jax.check_targets(OFFSET_TARGETS, V)
+    assert str(info.value) == (
+        "expected target ids in [0, 14) (the vocabulary size is 14) or the ignore value -100, got 6 out of "
+        "range: 15 at (0, 0), 16 at (0, 1), 19 at (0, 3), 23 at (1, 1), 14 at (1, 2), ...; the losses would "
+        "ignore them silently")
+
+
+def test_check_targets_passes_ids_in_the_vocabulary_and_the_ignore_value():
+    ntl_jax.check_targets(TARGETS, V)
+    ntl_jax.check_targets(np.asarray(TARGETS.at[0, 5:].set(-100)), V)  # numpy, ntloss's ignore_index
+    ntl_jax.check_targets(TARGETS.at[0, 6].set(-1), V, ignore_index=-1)
+    ntl_jax.check_targets(TARGETS.astype(jnp.uint8), V)  # -100 does not fit uint8: nothing to allow
+    with pytest.raises(ValueError, match=r"in \[0, 14\) \(the vocabulary size is 14\), got 1 out of range: -100 at "
+                                         r"\(0, 5\);"):
+        ntl_jax.check_targets(TARGETS.at[0, 5].set(-100), V, ignore_index=None)
+    with pytest.raises(ValueError, match="got 1 out of range: -100 at"):
+        ntl_jax.check_targets(TARGETS.at[0, 5].set(-100), V, ignore_index=-1)
+
+
+@pytest.mark.parametrize("call,error,fragment", [
+    (lambda: ntl_jax.check_targets(TARGETS * 1.0, V), TypeError, "integer targets"),
+    (lambda: ntl_jax.check_targets(np.asarray(TARGETS).tolist(), V), TypeError, "convert it with jnp.asarray"),
+    (lambda: ntl_jax.check_targets(TARGETS, 0), ValueError, "vocab_size to be an integer >= 1, got 0"),
+    (lambda: ntl_jax.check_targets(TARGETS, 14.0), ValueError, "vocab_size to be an integer"),
+    (lambda: ntl_jax.check_targets(TARGETS, V, ignore_index="pad"), ValueError, "ignore_index to be an integer"),
+])
+def test_check_targets_bad_arguments(call, error, fragment):
+    with pytest.raises(error, match=fragment):
+        call()
+
+
+def test_check_targets_under_jit_with_checkify():
+    from jax.experimental import checkify
+
+    def loss_fn(logits, targets):
+        ntl_jax.check_targets(targets, logits.shape[-1])
+        return objective(logits=logits, targets=targets, weights=WEIGHTS)[0]
+
+    checked = checkify.checkify(jax.jit(loss_fn))
+    err, loss = checked(LOGITS, TARGETS)
+    assert err.get() is None
+    # The check changes nothing (jit's fusion may round a sum differently: a few float32 ulps).
+    np.testing.assert_allclose(loss, objective(weights=WEIGHTS)[0], rtol=1e-6)
+    err, _ = checked(LOGITS, OFFSET_TARGETS)
+    with pytest.raises(ValueError, match=r"expected target ids in \[0, 14\) \(the vocabulary size is 14\) or the "
+                                         r"ignore value -100, got 15 at flat index 0 \(out of range in all: 6\)"):
+        err.throw()
+    # checkify inside jit, and under grad, give the same error.
+    err, _ = jax.jit(checkify.checkify(jax.grad(loss_fn)))(LOGITS, OFFSET_TARGETS.at[0, 0].set(-100))
+    assert "got 16 at flat index 1 (out of range in all: 5)" in err.get()
+    # Without checkify, jit says how to fix it.
+    with pytest.raises(ValueError, match="checkify"):
+        jax.jit(loss_fn)(LOGITS, TARGETS)
+
+
 @pytest.mark.parametrize("kind", ["was", "mse", "huber", "number_level", "number_level_float"])
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 def test_losses_ignore_nan_logits_at_zero_weight(kind, reduction):

@@ -105,6 +105,24 @@ def test_reductions_and_weights():
         ntl_jax.ntl_was(logits, TARGETS, NT, weights=weights, reduction="mean"), total / counted_weight, rtol=1e-6)
 
 
+STANDALONE_LOSSES = [ntl_jax.ntl_was, ntl_jax.ntl_dot, ntl_jax.number_level_loss, ntl_jax.number_token_loss]
+
+
+@pytest.mark.parametrize("loss", STANDALONE_LOSSES, ids=lambda f: f.__name__)
+def test_default_reduction_is_per_position_and_the_docstring_says_it_is_no_scalar(loss):
+    # The default stays "none" (ntloss's); forgetting it is JAX's scalar-output error,
+    # which the docstrings quote.
+    logits = random_logits(2)
+    assert loss(logits, TARGETS, NT).shape == TARGETS.shape
+    with pytest.raises(TypeError, match="Gradient only defined for scalar-output functions"):
+        jax.grad(lambda x: loss(x, TARGETS, NT))(logits)
+    assert jax.grad(lambda x: loss(x, TARGETS, NT, reduction="mean"))(logits).shape == logits.shape
+    doc = " ".join(loss.__doc__.split())
+    assert "not a scalar" in doc and '"mean"' in doc
+    for doc in (ntl_jax.losses.__doc__, ntl_jax.ntl_was.__doc__):
+        assert "Gradient only defined for scalar-output functions" in " ".join(doc.split())
+
+
 def test_dispatcher_matches_named_functions():
     logits = random_logits(1)
     for kind in ALL_KINDS:

@@ -51,6 +51,44 @@ def test_errors_name_the_problem():
         NumberTokens.from_vocabulary(type("V", (), {"vocab_size": 3})())
 
 
+@pytest.mark.parametrize("pieces,options,hint", [
+    # Multi-digit pieces only: digit_level=False finds them.
+    (["<pad>", "12", "345", "-7", "a"], {}, "; digit_level=False would find 3 ('12', '345', '-7'). digit_level=False "
+     "counts every piece that parses as a finite number"),
+    # Space-marked digits: prefixed_numbers=True; with multi-digit ones, both options.
+    (["<pad>", "▁3", "▁12", "a"], {}, "; prefixed_numbers=True would find 1 ('▁3'); digit_level=False with "
+     "prefixed_numbers=True would find 2 ('▁3', '▁12')."),
+    (["<pad>", "Ġ12", "Ġ345", "a"], {"digit_level": False}, "; prefixed_numbers=True would find 2 ('Ġ12', 'Ġ345'). "
+     "prefixed_numbers=True also counts a number after one space marker"),
+    (["<pad>", "▁12", "34", "a"], {"prefixed_numbers": True}, "; digit_level=False would find 2 ('▁12', '34')."),
+    (["<pad>", "12", "▁3", "a", "b", "c"], {}, "; digit_level=False would find 1 ('12'); prefixed_numbers=True "
+     "would find 1 ('▁3'); digit_level=False with prefixed_numbers=True would find 2 ('12', '▁3')."),
+])
+def test_no_number_token_error_names_the_options_that_would_find_some(pieces, options, hint):
+    with pytest.raises(ValueError) as info:
+        NumberTokens.from_pieces(pieces, **options)
+    message = str(info.value)
+    assert message.startswith(f"expected at least one number token in the vocabulary (a piece that is "
+                              f"{'a finite number' if options.get('digit_level') is False else 'a single digit 0-9'}"
+                              f"), got none among {len(pieces)} pieces; ")
+    assert hint in message
+    # Each option named finds what the hint says.
+    for found in message.split("; ")[1:]:
+        if " would find " in found:
+            named, count = found.split(" would find ")
+            named_options = dict(options, **{o.split("=")[0]: o.endswith("True") for o in named.split(" with ")})
+            assert NumberTokens.from_pieces(pieces, **named_options).num_numbers == int(count.split(" ")[0])
+
+
+def test_no_number_token_error_without_a_hint_when_no_option_helps():
+    with pytest.raises(ValueError) as info:
+        NumberTokens.from_pieces(["<pad>", "a", "▁", "1a"])
+    assert str(info.value) == ("expected at least one number token in the vocabulary (a piece that is a single "
+                               "digit 0-9), got none among 4 pieces")
+    with pytest.raises(ValueError, match="got none among 3 pieces$"):  # every option on already
+        NumberTokens.from_pieces(["<pad>", "a", "b"], digit_level=False, prefixed_numbers=True)
+
+
 def test_from_vocabulary_duck_types():
     class Pieces:
         vocab_size = 4

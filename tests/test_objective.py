@@ -83,6 +83,21 @@ def test_normalizing_factor_semantics():
     np.testing.assert_allclose(w, weights / jnp.array([[5.0], [3.0]]))
 
 
+def test_without_weights_pad_targets_count_unless_the_factor_is_special():
+    # T5X's rule, which the docstring states for a plain optax user: weights=None counts
+    # the pad id 0 (4 of the 14 targets here); only a special factor defaults to targets > 0.
+    for factor in (None, 7.5):
+        _, parts = ntl_jax.cross_entropy_and_ntl(LOGITS, TARGETS, NT, loss_normalizing_factor=factor)
+        assert float(parts["weight_sum"]) == 14.0
+    _, parts = ntl_jax.cross_entropy_and_ntl(LOGITS, TARGETS, NT, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    assert float(parts["weight_sum"]) == 10.0
+    _, parts = ntl_jax.cross_entropy_and_ntl(LOGITS, TARGETS, NT, weights=TARGETS > 0)
+    assert float(parts["weight_sum"]) == 10.0
+    doc = " ".join(ntl_jax.cross_entropy_and_ntl.__doc__.split())
+    assert "Padding counts unless you say otherwise." in doc
+    assert "pass `weights=(targets > 0)`" in doc
+
+
 def test_average_per_sequence_packed():
     # Row 0 packs 3 + 2 tokens then padding; row 1 one sequence whose weights are all 0.
     positions = jnp.array([[0, 1, 2, 0, 1, 0, 0], [0, 1, 2, 3, 0, 0, 0]])

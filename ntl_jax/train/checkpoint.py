@@ -100,6 +100,7 @@ class Checkpointer:
                 "resume, or train into a new --out directory.")
         abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, target_state)
         try:
+            read_every_array(os.path.join(where, "state"))
             restored = self._manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract), checksum=ocp.args.JsonRestore()))
             state, expected = restored["state"], restored["checksum"]["sha256"]
@@ -118,6 +119,32 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def read_every_array(directory: str) -> None:
+    """Reads every array orbax stored in `directory` (an OCDBT store of zarr arrays),
+    one at a time; raises what tensorstore raises for a damaged one.
+
+    Run before orbax restores the state: orbax reads all arrays at once on an event
+    loop that it closes as soon as one read fails, and the reads still in flight end
+    on tensorstore's threads by calling that closed loop ("RuntimeError: Event loop is
+    closed", reported as an exception ignored). Read synchronously, one after
+    another, a damaged array fails here with nothing left running. A directory that is
+    no OCDBT store (no `manifest.ocdbt`) is left to orbax.
+    """
+    import tensorstore as ts
+
+    if not os.path.exists(os.path.join(directory, "manifest.ocdbt")):
+        return
+    context = ts.Context()
+    store = {"driver": "ocdbt", "base": {"driver": "file", "path": directory.rstrip("/") + "/"}}
+    for key in ts.KvStore.open(store, context=context).result().list().result():
+        name, _, leaf = key.decode().rpartition("/")
+        driver = {".zarray": "zarr", "zarr.json": "zarr3"}.get(leaf)
+        if driver is not None:
+            array = ts.open({"driver": driver, "kvstore": dict(store, path=name + "/")}, open=True,
+                            context=context).result()
+            array.read().result()
 
 
 def _jsonable(obj: Any) -> Any:

@@ -368,7 +368,8 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ProblemData | Non
       out_dir: created if missing; holds checkpoints/, metrics.jsonl, tensorboard/,
         results.json and predictions.json.
       data: reuse already generated data (it must have been built from `config.data`).
-      progress: show a tqdm progress bar.
+      progress: show a tqdm progress bar. Its clock (elapsed, rate, time left) starts
+        once the first step, which compiles the step function, is done.
       tensorboard: also write TensorBoard event files.
       stop_after: stop (after checkpointing) once this step is reached, as if
         interrupted; used to test resuming.
@@ -577,6 +578,10 @@ def _train_loop(config, state, data, train_step, checkpointer, identity, log, ba
             _save_finite(checkpointer, step, state, identity, out_dir)
             raise Interrupted(step, os.path.join(checkpointer.directory, str(step)))
         state, metrics = train_step(state, data.batch(step))
+        if step == start:
+            # The first call compiled the step (seconds to minutes): restart the bar's
+            # clock after it, so that its rate and time left count training steps only.
+            bar.unpause()
         window.append(metrics)
         done = step + 1
         if done % config.log_every == 0 or done == end:

@@ -131,6 +131,41 @@ def test_when_no_checkpoint_verifies_the_run_stops_and_moves_nothing(vocabulary,
     assert _files(out) == before
 
 
+def test_a_damaged_state_fails_before_orbax_reads_it_and_leaves_no_read_running(vocabulary, tmp_path,
+                                                                               monkeypatch):
+    # orbax reads all arrays at once on an event loop it closes when one read fails; the
+    # reads left running then call the closed loop from tensorstore's threads ("Event
+    # loop is closed", an exception ignored). The damage must be found before that.
+    import asyncio
+
+    from ntl_jax.train.checkpoint import Checkpointer, DamagedCheckpoint
+
+    data = _data(vocabulary)
+    out = tmp_path / "run"
+    stopped = _train(data, out, stop_after=2)
+    step_dir = out / "checkpoints" / "2"
+    for target, offset in _where_stored(step_dir, stopped["state"]):
+        with open(target, "r+b") as f:
+            f.seek(offset)
+            f.write(bytes(b ^ 0xFF for b in f.read(400)))
+    left_running = []
+    close = asyncio.BaseEventLoop.close
+
+    def close_and_record(loop):
+        left_running.extend(task for task in asyncio.all_tasks(loop) if not task.done())
+        close(loop)
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "close", close_and_record)
+    checkpointer = Checkpointer(str(out / "checkpoints"))
+    try:
+        identity = micro_config(data, steps=6, seed=1, warmup_steps=1, checkpoint_every=2).identity()
+        with pytest.raises(DamagedCheckpoint, match="is damaged or does not match this model"):
+            checkpointer.restore(2, stopped["state"], identity)
+    finally:
+        checkpointer.close()
+    assert left_running == []
+
+
 def test_the_checksum_sees_one_changed_value_and_a_changed_shape():
     from ntl_jax.train.checkpoint import state_checksum
 

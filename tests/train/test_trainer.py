@@ -288,3 +288,41 @@ def test_init_from_rejects_unfinished_mismatched_and_damaged_runs(vocabulary, tm
     with pytest.raises(ValueError, match="does not match the checksum"):
         trainer.train(micro_config(data, init_from=pre), str(tmp_path / "d"), data=data,
                       progress=False, tensorboard=False)
+
+
+def test_the_progress_bar_clock_starts_after_the_compiling_first_step(vocabulary, tmp_path,
+                                                                       monkeypatch):
+    # The first call of the step compiles it: counted in the bar's clock, it made the
+    # rate and time left of a long run promise hours at step 1.
+    import time
+
+    import tqdm
+
+    bars, first_step_done = [], []
+
+    class RecordedBar(tqdm.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    built = trainer.build_step
+
+    def build_step(spec):
+        model, optimizer, train_step = built(spec)
+
+        def timed_step(state, batch):
+            out = train_step(state, batch)
+            if not first_step_done:
+                first_step_done.append(time.time())  # tqdm's clock
+            return out
+
+        return model, optimizer, timed_step
+
+    monkeypatch.setattr(tqdm, "tqdm", RecordedBar)
+    monkeypatch.setattr(trainer, "build_step", build_step)
+    data = fake_data(vocabulary, n=16, batch=8)
+    trainer.train(micro_config(data, steps=3, log_every=1, checkpoint_every=3), str(tmp_path / "run"),
+                  data=data, progress=True, tensorboard=False)
+    (bar,) = bars
+    assert bar.n == 3
+    assert bar.start_t >= first_step_done[0]
