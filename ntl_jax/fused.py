@@ -422,8 +422,7 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
     vocab = kernel.shape[1]
     # Ignored positions: zero hidden states give the zero logits the unfused path uses
     # there, and NaN or inf in them reach neither the loss nor the gradient.
-    keep = (targets >= 0) & (targets < vocab) & (weights != 0)
-    targets = jnp.where(keep, targets, -1)
+    keep, targets = losses.keep_positions(targets, weights, vocab)
     hidden = jnp.where(keep[..., None], jnp.asarray(hidden, dtype), jnp.zeros((), dtype))
     batch, length, d_model = hidden.shape
     vocab_shards_count = 1 if shards is None else dict(shards.mesh.shape)[shards.vocab_axis]

@@ -178,6 +178,12 @@ def check_weights(weights, targets_shape):
     return jnp.asarray(weights, jnp.float32)
 
 
+def in_vocabulary(targets, vocab_size: int):
+    """The one rule for ignored targets: `[batch, length]` bool, False where the target
+    id is outside `[0, vocab_size)` (T5X's rule; such positions add exactly 0)."""
+    return (targets >= 0) & (targets < vocab_size)
+
+
 def keep_positions(targets, weights, vocab_size: int):
     """`(keep, targets)`: `keep` `[batch, length]` bool is False at ignored positions
     (weight 0, or a target outside `[0, vocab_size)`), where the targets become -1 (so
@@ -188,7 +194,7 @@ def keep_positions(targets, weights, vocab_size: int):
     arithmetic, so NaN or infinite logits at ignored positions reach neither the loss
     nor its gradient without a pass over `[batch, length, vocab]`.
     """
-    keep = (targets >= 0) & (targets < vocab_size)
+    keep = in_vocabulary(targets, vocab_size)
     if weights is not None:
         keep &= weights != 0
     return keep, jnp.where(keep, targets, -1)

@@ -184,7 +184,7 @@ class HeadStats(NamedTuple):
 
 def _target_logit(wide, targets, logits):
     vocab = wide.shape[-1]
-    in_vocab = (targets >= 0) & (targets < vocab)
+    in_vocab = losses.in_vocabulary(targets, vocab)
     return jnp.where(in_vocab, losses.take_target_logit(wide, jnp.where(in_vocab, targets, 0), logits), 0.0)
 
 
@@ -199,7 +199,7 @@ def _cross_entropy_per_position(head: HeadStats, targets, vocab: int, *, label_s
     confidence = 1.0 - label_smoothing
     low = (1.0 - confidence) / (vocab - 1)
     normalizing_constant = -(confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
-    in_vocab = (targets >= 0) & (targets < vocab)
+    in_vocab = losses.in_vocabulary(targets, vocab)
     on = jnp.where(in_vocab, confidence, 0.0)
     if low > 0:
         mass = on + low * (vocab - in_vocab)
@@ -480,7 +480,7 @@ def resolve_weights_and_factor(targets, weights, vocab: int, loss_normalizing_fa
     special = _special_factor(loss_normalizing_factor)
     if weights is None and special is not None:
         weights = jnp.asarray(targets > 0, jnp.float32)  # T5X's default for special factors
-    in_vocab = (targets >= 0) & (targets < vocab)
+    in_vocab = losses.in_vocabulary(targets, vocab)
     weights = jnp.where(in_vocab, 1.0 if weights is None else weights, 0.0)
     factor, weights = loss_normalizing_factor_and_weights(
         loss_normalizing_factor, targets, weights,

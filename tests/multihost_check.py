@@ -139,7 +139,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=120, help="seconds to wait for the other processes")
     args = parser.parse_args(argv)
 
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL_DEVICES}"
+    flags = os.environ.get("XLA_FLAGS", "")  # the caller's (the tests compile fast)
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL_DEVICES} {flags}"
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
     from jax.experimental import multihost_utils

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from tests import xla_flags
+
 pytest.importorskip("optax")
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "loss_overhead.py"
@@ -280,7 +282,7 @@ def test_fused_loss_benchmark_sharded_reports_gathers_and_memory(tmp_path):
     import json
 
     out = tmp_path / "sharded.json"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = dict(os.environ, XLA_FLAGS=xla_flags.with_fast_compile())
     result = subprocess.run(
         [sys.executable, str(SCRIPT.parent / "fused_loss.py"), "--sharded", "--shapes", "8x64x4096",
          "--d-model", "32", "--dtypes", "float32", "--out", str(out)],

@@ -13,6 +13,7 @@ import pytest
 
 from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
 from ntl_jax.fused import default_chunk_size
+from tests import xla_flags
 from tests.objective_options import FACTORS, OPTIONS
 
 # A vocabulary whose number tokens sit in several chunks of 7 columns (and the last,
@@ -239,7 +240,7 @@ SHARDED = textwrap.dedent(
 
 
 def test_sharded_on_batch_and_vocabulary_equals_unsharded():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags.host_devices(8), "JAX_PLATFORMS": "cpu"}
     result = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sharded equals unsharded" in result.stdout

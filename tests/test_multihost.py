@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests import multihost_check as check
+from tests import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROCESSES = 2
@@ -39,7 +40,7 @@ def run_processes(out: pathlib.Path, count: int, *, timeout: float, join_timeout
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
                TPU_ACCELERATOR_TYPE=os.environ.get("TPU_ACCELERATOR_TYPE", "v5litepod-4"))
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags.with_fast_compile()
     logs = [out / f"stderr_{i}.txt" for i in range(count)]
     procs = []
     try:

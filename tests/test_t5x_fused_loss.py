@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from ntl_jax import t5x_loss
+from tests import xla_flags
 from tests.test_t5x_model_loss import (
     FACTORS,
     NT,
@@ -191,7 +192,7 @@ RTOL = 2e-5
 @pytest.fixture(scope="module")
 def vocab_parallel():
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+               XLA_FLAGS=xla_flags.host_devices(8))
     run = subprocess.run([sys.executable, "-m", "tests.test_t5x_fused_loss"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-5000:]

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests import xla_flags
 from tests.objective_options import OPTIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -25,7 +26,7 @@ RTOL = 2e-5
 @pytest.fixture(scope="module")
 def results():
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags.with_fast_compile()
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "vocab_parallel_check.py")], env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-5000:]
