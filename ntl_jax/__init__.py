@@ -22,4 +22,4 @@ __all__ = [
     "predict_numbers",
     "weighted_cross_entropy",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
