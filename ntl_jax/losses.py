@@ -280,7 +280,7 @@ def check_targets(targets: ArrayLike, vocab_size: int, *, ignore_index: int | No
         raise ValueError(f"expected {expected}, got {len(where)} out of range: {shown}{more}; "
                          "the losses would ignore them silently")
     targets = jnp.asarray(targets)
-    in_vocab, _ = keep_positions(targets, None, vocab_size)
+    in_vocab = in_vocabulary(targets, vocab_size)
     bad = ~in_vocab if ignore_index is None else ~in_vocab & (targets != ignore_index)
     flat = bad.reshape(-1)
     first = jnp.argmax(flat)
