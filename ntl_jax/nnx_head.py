@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ntl_jax import _compat
 from ntl_jax.flax_head import cast_like_projection
 
 HEAD_ATTRIBUTE = "lm_head"
@@ -77,7 +78,9 @@ def _skipped_class(cls: type, index: int) -> type:
 
         body = {"__call__": __call__}
     body.update(__module__=cls.__module__, __qualname__=cls.__qualname__)
-    keywords = {"pytree": cls._pytree__is_pytree} if hasattr(cls, "_pytree__is_pytree") else {}
+    # The subclass is declared a pytree or not as the head's class is (Flax's default otherwise).
+    pytree = _compat.nnx_declared_pytree(cls)
+    keywords = {} if pytree is None else {"pytree": pytree}
     _SKIPPED_CLASSES[key] = types.new_class(cls.__name__, (cls,), keywords, lambda ns: ns.update(body))
     return _SKIPPED_CLASSES[key]
 

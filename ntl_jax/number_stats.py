@@ -261,7 +261,7 @@ class _Features:
         (None for those not computed)."""
         out, k = [], 0
         for wanted in self.wanted:
-            out.append(moments[..., k] if wanted else None)
+            out.append(jax.lax.index_in_dim(moments, k, axis=-1, keepdims=False) if wanted else None)
             k += int(wanted)
         return tuple(out)
 
@@ -297,6 +297,7 @@ def _number_moments_jvp(features, primals, tangents):
     p = jnp.where(mask, jnp.exp(wide - log_normalizer[..., None]), 0.0)
     d_exp_sum = exp_sum * jnp.sum(p * dwide, axis=-1)
     feats = features(tables, targets)
-    d_moments = [jnp.sum(p * (f - moments[..., k, None]) * dwide, axis=-1) for k, f in enumerate(feats)]
+    d_moments = [jnp.sum(p * (f - jax.lax.index_in_dim(moments, k, axis=-1)) * dwide, axis=-1)
+                 for k, f in enumerate(feats)]
     d_stacked = jnp.stack(d_moments, axis=-1) if d_moments else jnp.zeros_like(moments)
     return (exp_sum, moments), (d_exp_sum, d_stacked)

@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 import jax
 from jax.sharding import PartitionSpec as P
 
+from ntl_jax import _compat
+
 
 class VocabShards(NamedTuple):
     """How the kernel's vocabulary is split over a device mesh (static, hashable).
@@ -29,10 +31,7 @@ def context_mesh():
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
         return mesh
-    from jax._src import mesh as mesh_lib  # `with mesh:` (T5X's partitioner) sets only this
-
-    physical = mesh_lib.thread_resources.env.physical_mesh
-    return None if physical.empty else physical
+    return _compat.legacy_context_mesh()  # `with mesh:` (T5X's partitioner): no public API reads it
 
 
 def vocab_shards(vocab_axis, mesh, vocab: int, batch: int) -> VocabShards | None:

@@ -7,6 +7,7 @@ the formulation it takes: on accelerators no gather or scatter over the vocabula
 import re
 
 import jax
+import jax.export  # an attribute of jax only after its import before JAX 0.8
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -23,18 +23,41 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RTOL = 2e-5
 
 
+# The script's checks and the rows each prints. NTL_JAX_VOCAB_PARALLEL_CHECKS (names
+# separated by spaces) runs only those named, and the tests reading the others skip:
+# .ci/lowest_versions runs the quick ones; unset, every check runs.
+CHECKS = {"equal": ("variant", "factor", "chunk"), "bfloat16": ("bfloat16", "argmax"), "context": ("context",),
+          "errors": ("error",), "scale": ("scale",)}
+
+
+class _Rows(dict):
+    """Rows by kind; a kind whose check was not asked for skips the test reading it."""
+
+    def __init__(self, rows, checks):
+        super().__init__(rows)
+        self.checks = checks
+
+    def __missing__(self, kind):
+        if any(kind in CHECKS[check] for check in self.checks):
+            raise KeyError(kind)
+        pytest.skip(f"check not run: NTL_JAX_VOCAB_PARALLEL_CHECKS={' '.join(self.checks)!r}")
+
+
 @pytest.fixture(scope="module")
 def results():
+    checks = os.environ.get("NTL_JAX_VOCAB_PARALLEL_CHECKS", "").split() or list(CHECKS)
+    unknown = set(checks) - set(CHECKS)
+    assert not unknown, f"NTL_JAX_VOCAB_PARALLEL_CHECKS names no check {sorted(unknown)}; the checks: {list(CHECKS)}"
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     env["XLA_FLAGS"] = xla_flags.with_fast_compile()
-    run = subprocess.run([sys.executable, str(ROOT / "tests" / "vocab_parallel_check.py")], env=env,
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "vocab_parallel_check.py"), *checks], env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-5000:]
     rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     by_check = {}
     for row in rows:
         by_check.setdefault(row.pop("check"), []).append(row)
-    return by_check
+    return _Rows(by_check, checks)
 
 
 def test_every_variant_over_2_4_and_8_vocabulary_shards(results):

@@ -95,6 +95,16 @@ def reset_entity_counter() -> None:
     _ENTITY_COUNTER = itertools.count()
 
 
+def _has_itemset() -> bool:
+    """Whether `ndarray.itemset` works: numpy 2.0 to 2.3 keep the name, as a method
+    that only raises AttributeError, and 2.4 drops it."""
+    try:
+        np.zeros(1).itemset(0, 1)
+    except AttributeError:
+        return False
+    return True
+
+
 def apply() -> None:
     """Applies the shims once; safe to call repeatedly."""
     global _APPLIED
@@ -110,7 +120,7 @@ def apply() -> None:
         np.object = object
 
     polynomials = importlib.import_module("mathematics_dataset.sample.polynomials")
-    if not hasattr(np.ndarray, "itemset"):
+    if not _has_itemset():
         polynomials.np = _NumpyWithItemset()
 
     numbers = importlib.import_module("mathematics_dataset.modules.numbers")
