@@ -27,7 +27,7 @@ their own step next to their own cross-entropy, with a weights mask (about 10% z
 
 - `optax_ce`: `mean(optax.softmax_cross_entropy_with_integer_labels(lg, t))`, the reference;
 - `was` / `was+rw`: `optax_ce + 0.3 * ntl_jax.ntl_was(lg, t, nt, weights=w, reduction="mean")`;
-- `mse`, `mae`, `huber` (and `+rw`): the same with `ntl_jax.ntl_dot(..., loss=kind)`;
+- `mse`, `mae`, `huber` (and `+rw`): the same with `ntl_jax.ntl_dot(..., ntl_kind=kind)`;
 - `number_level` (and `+rw`): the same with `ntl_jax.number_level_loss(...)`.
 
 With `--floors` the standalone table has two more rows, lower bounds for what any NTL
@@ -216,7 +216,7 @@ def standalone_variants(number_tokens, kinds=KINDS, floors=False) -> dict[str, C
                                                  reduction="mean")
         else:
             def ntl(lg, t, w):
-                return ntl_jax.ntl_dot(lg, t, number_tokens, weights=w, loss=kind, reweigh=reweigh,
+                return ntl_jax.ntl_dot(lg, t, number_tokens, weights=w, ntl_kind=kind, reweigh=reweigh,
                                        reduction="mean")
 
         def loss(logits, targets, weights):
@@ -236,7 +236,7 @@ def standalone_variants(number_tokens, kinds=KINDS, floors=False) -> dict[str, C
         def one_select(logits, targets, weights):
             # A gradient of one compare and select per element, fused into optax's.
             return ce(logits, targets, weights) + NTL_WEIGHT * jnp.mean(
-                ntl_jax.losses.take_target_logit(logits, targets))
+                ntl_jax._core.losses.take_target_logit(logits, targets))
 
         variants["floor: was, value only"] = value_only
         variants["floor: one select"] = one_select

@@ -46,7 +46,7 @@ GIB = 1024**3
 
 
 def run_one(size: str, topology: str, row: str, offline: bool) -> dict:
-    from ntl_jax.vocab import DEFAULT_SPM_PATH
+    from ntl_jax.data.vocabulary import DEFAULT_SPM_PATH
 
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "report.json"

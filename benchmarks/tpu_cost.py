@@ -21,7 +21,7 @@ Tables (`--tables`, default all):
 
 1. standalone: `optax CE` = `sum(optax.softmax_cross_entropy_with_integer_labels(
    logits.astype(f32), t) * w) / sum(w)`, the reference, and `optax CE + 0.3 *
-   ntl_jax.number_token_loss(logits, t, nt, kind=K, weights=w, reduction="mean",
+   ntl_jax.number_token_loss(logits, t, nt, ntl_kind=K, weights=w, reduction="mean",
    reweigh=R)` for every kind (`was` with `squash_factor=5` on T5's digits only,
    `number_level_float` where the table has a "." token), R = False / True.
 2. objective: `ntl_jax.cross_entropy_and_ntl(logits, t, nt, weights=w,
@@ -485,7 +485,7 @@ def standalone_variants(vocab: str, kinds=None, reweighs=(False, True)) -> dict[
 
     def plus(kind, squash, reweigh):
         def loss(logits, targets, weights):
-            ntl = ntl_jax.number_token_loss(logits, targets, nt, kind=kind, weights=weights, reduction="mean",
+            ntl = ntl_jax.number_token_loss(logits, targets, nt, ntl_kind=kind, weights=weights, reduction="mean",
                                             reweigh=reweigh, squash_factor=squash)
             return optax_ce(logits, targets, weights) + NTL_WEIGHT * ntl
 

@@ -56,7 +56,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
     args = p.parse_args()
 
-    from ntl_jax.vocab import default_vocabulary
+    from ntl_jax.data.vocabulary import default_vocabulary
 
     vocabulary = default_vocabulary()
     cfg = network.make_config(args.preset, int(vocabulary.vocab_size))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Regenerates ntl_jax/vocab_assets/rt_number_tokens.txt, the Regression Transformer's number tokens.
+"""Regenerates ntl_jax/data/vocab_assets/rt_number_tokens.txt, the Regression Transformer's number tokens.
 
 One piece per line, `_d_p_` for every digit d in 0..9 at every decimal place p from
 --max-place down to --min-place, places in decreasing order and digits in increasing

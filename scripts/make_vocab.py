@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Regenerates ntl_jax/vocab_assets/ntl_math.model, the shipped SentencePiece vocabulary.
+"""Regenerates ntl_jax/data/vocab_assets/ntl_math.model, the shipped SentencePiece vocabulary.
 
 A BPE model trained on generated DeepMind mathematics text (questions and answers
 of every module, all five release folders) with `split_digits=True` and the ten digits

@@ -1,4 +1,4 @@
-"""The formulation of the number statistics the tests run (`ntl_jax.number_stats`).
+"""The formulation of the number statistics the tests run (`ntl_jax._core.number_stats`).
 
 Each backend takes its own (columns on the CPU, masked reductions elsewhere); with
 `NTL_JAX_FORMULATION=columns` or `reductions` every test runs the one named, on every
@@ -15,13 +15,34 @@ xla_flags.use_fast_compile()  # before JAX starts its CPU backend
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from ntl_jax import number_stats  # noqa: E402
+from ntl_jax._core import number_stats  # noqa: E402
 
 FORMULATIONS = ("columns", "reductions")
 _chosen = os.environ.get("NTL_JAX_FORMULATION") or None
 if _chosen not in (None,) + FORMULATIONS:
     raise ValueError(f"expected NTL_JAX_FORMULATION in {FORMULATIONS} or unset, got {_chosen!r}")
 number_stats._FORCE = _chosen
+
+
+# The files that take minutes, longest first (measured with --durations=0): they start
+# first, so that the workers finish together rather than one of them running a long file
+# alone at the end (the files go to the workers in the order they are collected).
+LONG_FILES = (
+    "test_low_precision_gradient.py", "test_tpu_cost.py", "test_number_level_multidigit.py", "test_tasks.py",
+    "train/test_trainer.py", "test_bad_inputs.py", "train/test_xval.py", "test_vocab_parallel.py",
+    "train/test_regression_head.py", "test_sharding.py", "test_benchmarks_smoke.py", "test_t5x_fused_loss.py",
+    "train/test_compare.py", "test_multihost.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+
+    def position(item):
+        path = item.nodeid.split("::")[0].removeprefix("tests/")
+        return rank.get(path, len(LONG_FILES))
+
+    items.sort(key=position)  # stable: each file keeps its own order
 
 
 def pytest_xdist_auto_num_workers(config):

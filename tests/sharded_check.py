@@ -19,7 +19,7 @@ import ntl_jax  # noqa: E402
 
 PIECES = ["<pad>", "</s>", "."] + list("0123456789") + [f"w{i}" for i in range(19)]  # 32 tokens
 NT = ntl_jax.NumberTokens.from_pieces(PIECES)
-KINDS = list(ntl_jax.losses.KINDS)
+KINDS = list(ntl_jax._core.losses.KINDS)
 
 
 def objective(logits, targets, weights, kind, reweigh):
@@ -45,7 +45,7 @@ def main() -> int:
         for reweigh in (False, True):
             f = jax.jit(jax.value_and_grad(objective), static_argnums=(3, 4))
             want_value, want_grad = f(logits, targets, weights, kind, reweigh)
-            per_token = jax.jit(lambda l: ntl_jax.number_token_loss(l, targets, NT, kind=kind, reweigh=reweigh))
+            per_token = jax.jit(lambda l: ntl_jax.number_token_loss(l, targets, NT, ntl_kind=kind, reweigh=reweigh))
             want_tokens = per_token(logits)
             for name, (mesh, logit_spec, token_spec) in layouts.items():
                 sharded_logits = jax.device_put(logits, NamedSharding(mesh, logit_spec))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import ntl_jax
-from ntl_jax import NumberTokens, losses, number_stats
+from ntl_jax import NumberTokens
+from ntl_jax._core import losses, number_stats
 from ntl_jax.data.reader import read_pairs
 
 PIECES = ["<pad>", "</s>", "x", "."] + list("0123456789")  # digit d has id d + 4
@@ -423,7 +424,7 @@ def test_losses_ignore_nan_logits_at_zero_weight(kind, reduction):
     clean = LOGITS.at[1, 2].set(0.0).at[0, 5].set(0.0)
 
     def fn(l):
-        return ntl_jax.number_token_loss(l, TARGETS, NT, kind=kind, weights=weights, reduction=reduction)
+        return ntl_jax.number_token_loss(l, TARGETS, NT, ntl_kind=kind, weights=weights, reduction=reduction)
 
     got, want = fn(logits), fn(clean)
     assert np.isfinite(np.asarray(got)).all()
@@ -470,8 +471,8 @@ def test_zero_weight_digits_match_ntloss_ignore_index(float_level, reweigh, redu
     want = loss(torch.from_numpy(inputs["logits"]), torch.from_numpy(ignored),
                 loss_weights=torch.from_numpy(weights), reduction=reduction).numpy()
     got = ntl_jax.number_level_loss(jnp.asarray(inputs["logits"]), jnp.asarray(inputs["targets"], jnp.int32), nt,
-                                    weights=jnp.asarray(weights), float_level=float_level, reweigh=reweigh,
-                                    reduction=reduction)
+                                    weights=jnp.asarray(weights), reweigh=reweigh, reduction=reduction,
+                                    ntl_kind="number_level_float" if float_level else "number_level")
     np.testing.assert_allclose(got, want, rtol=3e-5, atol=1e-5)
 
 

@@ -1,5 +1,5 @@
 """What ntl_jax reads from JAX and Flax beyond their plainest public API, checked on the
-installed versions: the reaches in ntl_jax/_compat.py (the mesh of `with mesh:`, the
+installed versions: the reaches in ntl_jax/_core/compat.py (the mesh of `with mesh:`, the
 `pytree=` of an NNX head's class) and the public `jax.core.Tracer` the input checks use.
 Each failure names the installed versions, so a release that moves what is read is seen
 here rather than deep inside a training step."""
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ntl_jax import _compat, losses
+from ntl_jax._core import compat, losses
 
 
 def _versions():
@@ -34,22 +34,22 @@ def test_the_mesh_of_a_with_mesh_block_is_read_in_and_outside_jit():
     seen = {}
 
     def traced(x):
-        seen["jit"] = _compat.legacy_context_mesh()
+        seen["jit"] = compat.legacy_context_mesh()
         return x
 
     try:
-        seen["outside"] = _compat.legacy_context_mesh()
+        seen["outside"] = compat.legacy_context_mesh()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # JAX deprecates `with mesh:`, T5X uses it
             with mesh:
-                seen["inside"] = _compat.legacy_context_mesh()
+                seen["inside"] = compat.legacy_context_mesh()
                 jax.jit(traced)(jnp.zeros(2))
     except (AttributeError, ImportError, TypeError) as error:
-        _broken("ntl_jax._compat.legacy_context_mesh (jax._src.mesh.thread_resources)", error)
+        _broken("ntl_jax._core.compat.legacy_context_mesh (jax._src.mesh.thread_resources)", error)
     assert seen["outside"] is None, f"{_versions()}: a mesh outside any `with mesh:` block: {seen['outside']}"
     for where in ("inside", "jit"):
         assert seen[where] == mesh, (
-            f"{_versions()}: `with mesh:` is no longer seen by ntl_jax._compat.legacy_context_mesh ({where}: "
+            f"{_versions()}: `with mesh:` is no longer seen by ntl_jax._core.compat.legacy_context_mesh ({where}: "
             f"{seen[where]!r}); the vocabulary-parallel head would not find T5X's mesh"
         )
 
@@ -60,7 +60,7 @@ def test_jax_core_tracer_is_public_and_tells_traced_from_concrete():
             warnings.simplefilter("error", DeprecationWarning)
             tracer = jax.core.Tracer
     except (AttributeError, DeprecationWarning) as error:
-        _broken("jax.core.Tracer (ntl_jax.losses, number_stats and number_tokens)", error)
+        _broken("jax.core.Tracer (ntl_jax._core.losses, number_stats and number_tokens)", error)
     seen = []
 
     def traced(x):
@@ -82,7 +82,7 @@ def _is_jax_pytree(module):
 
 def test_the_pytree_declaration_of_an_nnx_head_is_read_and_kept_by_its_skipped_class():
     nnx = pytest.importorskip("flax.nnx")
-    from ntl_jax import nnx_head
+    from ntl_jax.flax import _nnx
 
     class PlainLinear(nnx.Linear, pytree=False):
         pass
@@ -95,30 +95,30 @@ def test_the_pytree_declaration_of_an_nnx_head_is_read_and_kept_by_its_skipped_c
              nnx.Embed(5, 4, rngs=rngs), PlainEmbed(5, 4, rngs=rngs)]
     for index, head in enumerate(heads):
         cls = type(head)
-        declared = _compat.nnx_declared_pytree(cls)
+        declared = compat.nnx_declared_pytree(cls)
         if declared is None:
-            _broken("ntl_jax._compat.nnx_declared_pytree (Flax's _pytree__is_pytree)",
+            _broken("ntl_jax._core.compat.nnx_declared_pytree (Flax's _pytree__is_pytree)",
                     AttributeError(f"{cls.__name__} has no _pytree__is_pytree"))
         assert declared is _is_jax_pytree(head), (
-            f"{_versions()}: ntl_jax._compat.nnx_declared_pytree reads pytree={declared} for {cls.__name__}, "
+            f"{_versions()}: ntl_jax._core.compat.nnx_declared_pytree reads pytree={declared} for {cls.__name__}, "
             f"but JAX {'does not flatten' if declared else 'flattens'} its instances"
         )
         try:
-            skipped = nnx_head._skipped_class(cls, index)
+            skipped = _nnx._skipped_class(cls, index)
         except TypeError as error:
-            _broken(f"ntl_jax.nnx_head's subclass of {cls.__name__} (pytree={declared})", error)
+            _broken(f"ntl_jax.flax._nnx's subclass of {cls.__name__} (pytree={declared})", error)
         object.__setattr__(head, "__class__", skipped)
         try:
-            kept = (_compat.nnx_declared_pytree(skipped), _is_jax_pytree(head))
+            kept = (compat.nnx_declared_pytree(skipped), _is_jax_pytree(head))
         finally:
             object.__setattr__(head, "__class__", cls)
         assert kept == (declared, declared), f"{_versions()}: {cls.__name__} pytree={declared}, its skipped {kept}"
-    assert [_compat.nnx_declared_pytree(type(h)) for h in heads] == [True, False, True, False], _versions()
+    assert [compat.nnx_declared_pytree(type(h)) for h in heads] == [True, False, True, False], _versions()
 
 
 def test_a_head_declared_no_pytree_is_skipped_and_restored_under_nnx_jit():
     nnx = pytest.importorskip("flax.nnx")
-    from ntl_jax import nnx_head
+    from ntl_jax.flax import _nnx
 
     class PlainLinear(nnx.Linear, pytree=False):
         pass
@@ -132,8 +132,8 @@ def test_a_head_declared_no_pytree_is_skipped_and_restored_under_nnx_jit():
             return self.lm_head(jnp.tanh(self.embed(tokens)))
 
     model, tokens = Tiny(nnx.Rngs(0)), jnp.array([[1, 2, 3]])
-    for call in (nnx_head.hidden_states_and_kernel,
-                 nnx.jit(lambda m, t: nnx_head.hidden_states_and_kernel(m, t, head="lm_head"))):
+    for call in (_nnx.hidden_states_and_kernel,
+                 nnx.jit(lambda m, t: _nnx.hidden_states_and_kernel(m, t, head="lm_head"))):
         hidden, kernel = call(model, tokens)
         assert type(model.lm_head) is PlainLinear, _versions()
         np.testing.assert_allclose(hidden @ kernel, model(tokens), atol=1e-6, err_msg=_versions())

@@ -4,16 +4,16 @@ import doctest
 
 import pytest
 
-import ntl_jax.fused
-import ntl_jax.losses
-import ntl_jax.metrics
-import ntl_jax.nnx_head
-import ntl_jax.number_tokens
-import ntl_jax.objective
-import ntl_jax.tokenizer_pieces
+import ntl_jax._core.fused
+import ntl_jax._core.losses
+import ntl_jax._core.number_tokens
+import ntl_jax._core.objective
+import ntl_jax._core.tokenizer_pieces
+import ntl_jax.data.metrics
+import ntl_jax.flax._nnx
 
-MODULES = [ntl_jax.number_tokens, ntl_jax.tokenizer_pieces, ntl_jax.losses, ntl_jax.objective, ntl_jax.fused,
-           ntl_jax.nnx_head, ntl_jax.metrics]
+MODULES = [ntl_jax._core.number_tokens, ntl_jax._core.tokenizer_pieces, ntl_jax._core.losses, ntl_jax._core.objective,
+           ntl_jax._core.fused, ntl_jax.flax._nnx, ntl_jax.data.metrics]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
-from ntl_jax.fused import default_chunk_size
+from ntl_jax._core.fused import default_chunk_size
 from tests import xla_flags
 from tests.objective_options import FACTORS, OPTIONS
 
@@ -247,13 +247,14 @@ def test_sharded_on_batch_and_vocabulary_equals_unsharded():
 
 
 def test_the_top_token_is_the_argmax_of_the_logits():
-    from ntl_jax.fused import fused_head_stats
+    from ntl_jax._core.fused import fused_head_stats
+    from ntl_jax._core.options import Options
 
     hidden, kernel, targets, weights = _inputs(seed=8)
     keep = weights > 0
     for chunk_size in (7, 69):
-        _, clean, top = fused_head_stats(hidden, kernel, targets, weights, NT, label_smoothing=0.0,
-                                         reweigh=False, chunk_size=chunk_size, with_top=True)
+        _, clean, top = fused_head_stats(hidden, kernel, targets, weights, NT, Options(ntl_kind="none"),
+                                         chunk_size=chunk_size, with_top=True)
         np.testing.assert_array_equal(clean, jnp.where(keep, targets, -1))
         logits = jnp.einsum("bld,dv->blv", jnp.where(keep[..., None], hidden, 0.0), kernel)
         np.testing.assert_array_equal(top, jnp.argmax(logits, axis=-1))

@@ -12,8 +12,9 @@ import pytest
 from jax.test_util import check_grads
 
 import ntl_jax
-from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl, number_stats
-from ntl_jax.losses import target_distribution
+from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
+from ntl_jax._core import number_stats
+from ntl_jax._core.losses import target_distribution
 
 # Digits at scattered ids (their value order is not their id order).
 DIGITS = NumberTokens.from_pieces(["<pad>", "</s>", "7", "x", "3", "0", ".", "9", "1", "y", "5", "2", "8", "4", "6"])
@@ -188,8 +189,8 @@ def test_sigma_zero_is_cross_entropy_bitwise():
 @pytest.mark.parametrize("reweigh", [False, True])
 def test_was_cdf_is_ntl_was_on_digits_with_a_one_hot_label(reweigh):
     logits, targets, weights = _inputs(DIGITS, seed=14)
-    cdf = ntl_jax.number_token_loss(logits, targets, DIGITS, kind="was_cdf", weights=weights, reweigh=reweigh)
-    was = ntl_jax.number_token_loss(logits, targets, DIGITS, kind="was", weights=weights, reweigh=reweigh)
+    cdf = ntl_jax.number_token_loss(logits, targets, DIGITS, ntl_kind="was_cdf", weights=weights, reweigh=reweigh)
+    was = ntl_jax.number_token_loss(logits, targets, DIGITS, ntl_kind="was", weights=weights, reweigh=reweigh)
     assert np.count_nonzero(np.asarray(was)) >= 15
     # Sums of <= 10 float32 terms in different orders.
     np.testing.assert_allclose(np.asarray(cdf), np.asarray(was), rtol=2e-6, atol=1e-7)
@@ -207,8 +208,8 @@ def test_was_cdf_differs_from_was_under_the_gaussian_label():
     assert abs(float(cdf["ntl"]) - float(was["ntl"])) > 0.05 * float(was["ntl"])
     # Ranks, not values: on the multi-digit table WAS-CDF is no longer NTL-WAS.
     logits, targets, weights = _inputs(WIDE, seed=16)
-    cdf = ntl_jax.number_token_loss(logits, targets, WIDE, kind="was_cdf", weights=weights, reduction="sum")
-    was = ntl_jax.number_token_loss(logits, targets, WIDE, kind="was", weights=weights, reduction="sum")
+    cdf = ntl_jax.number_token_loss(logits, targets, WIDE, ntl_kind="was_cdf", weights=weights, reduction="sum")
+    was = ntl_jax.number_token_loss(logits, targets, WIDE, ntl_kind="was", weights=weights, reduction="sum")
     assert abs(float(cdf) - float(was)) > 0.05 * float(was)
 
 

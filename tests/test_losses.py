@@ -17,7 +17,7 @@ from ntl_jax import NumberTokens
 PIECES = ["<pad>", "</s>", "x", "."] + list("0123456789")  # digit d has id d + 4
 NT = NumberTokens.from_pieces(PIECES)
 V = len(PIECES)
-ALL_KINDS = list(ntl_jax.losses.KINDS)
+ALL_KINDS = list(ntl_jax._core.losses.KINDS)
 
 
 def digit(d):
@@ -58,14 +58,14 @@ def test_dot_hand_computed(loss, expected):
     probs = np.zeros(V)
     probs[digit(2)] = probs[digit(5)] = 0.5
     logits = logits_from_probs(probs)[None, None]
-    got = ntl_jax.ntl_dot(logits, jnp.array([[digit(1)]]), NT, loss=loss)
+    got = ntl_jax.ntl_dot(logits, jnp.array([[digit(1)]]), NT, ntl_kind=loss)
     np.testing.assert_allclose(got, [[expected]], rtol=1e-6)
 
 
 def test_huber_below_delta_is_quadratic():
     probs = np.zeros(V)
     probs[digit(1)] = probs[digit(2)] = 0.5  # expected 1.5, target 1: 0.5 * 0.25
-    got = ntl_jax.ntl_dot(logits_from_probs(probs)[None, None], jnp.array([[digit(1)]]), NT, loss="huber")
+    got = ntl_jax.ntl_dot(logits_from_probs(probs)[None, None], jnp.array([[digit(1)]]), NT, ntl_kind="huber")
     np.testing.assert_allclose(got, [[0.125]], rtol=1e-6)
 
 
@@ -79,13 +79,14 @@ def test_number_level_hand_computed():
         ntl_jax.number_level_loss(logits, target, NT), [[1 / 25, 0, 0, 0, 0]], rtol=1e-5, atol=1e-7)
     # Float level: 125 vs 135, one number at the first digit.
     np.testing.assert_allclose(
-        ntl_jax.number_level_loss(logits, target, NT, float_level=True), [[10 / 260, 0, 0, 0, 0]], rtol=1e-5)
+        ntl_jax.number_level_loss(logits, target, NT, ntl_kind="number_level_float"), [[10 / 260, 0, 0, 0, 0]],
+        rtol=1e-5)
 
 
 def test_join_digit_runs_places_numbers_at_their_first_digit():
     is_digit = jnp.array([[True, True, False, True, True, True, False, True]])
     values = jnp.array([[4.0, 2.0, 0.0, 1.0, 0.0, 7.0, 0.0, 3.0]])
-    starts, numbers = ntl_jax.losses.join_digit_runs(is_digit, values)
+    starts, numbers = ntl_jax._core.losses.join_digit_runs(is_digit, values)
     assert starts.tolist() == [[True, False, False, True, False, False, False, True]]
     assert numbers.tolist() == [[42.0, 0, 0, 107.0, 0, 0, 0, 3.0]]
 
@@ -119,21 +120,21 @@ def test_default_reduction_is_per_position_and_the_docstring_says_it_is_no_scala
     assert jax.grad(lambda x: loss(x, TARGETS, NT, reduction="mean"))(logits).shape == logits.shape
     doc = " ".join(loss.__doc__.split())
     assert "not a scalar" in doc and '"mean"' in doc
-    for doc in (ntl_jax.losses.__doc__, ntl_jax.ntl_was.__doc__):
+    for doc in (ntl_jax._core.losses.__doc__, ntl_jax.ntl_was.__doc__):
         assert "Gradient only defined for scalar-output functions" in " ".join(doc.split())
 
 
 def test_dispatcher_matches_named_functions():
     logits = random_logits(1)
     for kind in ALL_KINDS:
-        got = ntl_jax.number_token_loss(logits, TARGETS, NT, kind=kind, reweigh=True, reduction="sum")
+        got = ntl_jax.number_token_loss(logits, TARGETS, NT, ntl_kind=kind, reweigh=True, reduction="sum")
         if kind in ("was", "was_cdf"):  # the same on evenly spaced digits with a one-hot label
             want = ntl_jax.ntl_was(logits, TARGETS, NT, reweigh=True, reduction="sum")
         elif kind.startswith("number_level"):
             want = ntl_jax.number_level_loss(
-                logits, TARGETS, NT, float_level=kind.endswith("float"), reweigh=True, reduction="sum")
+                logits, TARGETS, NT, ntl_kind=kind, reweigh=True, reduction="sum")
         else:
-            want = ntl_jax.ntl_dot(logits, TARGETS, NT, loss=kind, reweigh=True, reduction="sum")
+            want = ntl_jax.ntl_dot(logits, TARGETS, NT, ntl_kind=kind, reweigh=True, reduction="sum")
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
@@ -152,7 +153,7 @@ def test_predict_numbers_values():
 @pytest.mark.parametrize("kind", ALL_KINDS)
 @pytest.mark.parametrize("reweigh", [False, True])
 def test_gradients_match_finite_differences(kind, reweigh):
-    f = functools.partial(ntl_jax.number_token_loss, targets=TARGETS, number_tokens=NT, kind=kind,
+    f = functools.partial(ntl_jax.number_token_loss, targets=TARGETS, number_tokens=NT, ntl_kind=kind,
                           reweigh=reweigh, reduction="mean")
     check_grads(lambda logits: f(logits), (random_logits(3, scale=1.0),), order=1, modes=["rev"],
                 atol=2e-2, rtol=2e-2)
@@ -164,7 +165,7 @@ def test_gradients_match_finite_differences(kind, reweigh):
 def test_finite_at_extreme_logits(kind, reweigh, scale):
     logits = jnp.sign(random_logits(4)) * scale
     def f(logits):
-        return ntl_jax.number_token_loss(logits, TARGETS, NT, kind=kind, reweigh=reweigh, reduction="mean")
+        return ntl_jax.number_token_loss(logits, TARGETS, NT, ntl_kind=kind, reweigh=reweigh, reduction="mean")
     value, grad = jax.value_and_grad(f)(logits)
     assert np.isfinite(value) and np.isfinite(np.asarray(grad)).all()
 
@@ -181,7 +182,7 @@ def test_bf16_and_f16_logits_compute_in_f32(kind, reweigh):
         low = logits.astype(dtype)
 
         def f(x):
-            return ntl_jax.number_token_loss(x, TARGETS, NT, kind=kind, reweigh=reweigh, reduction="sum")
+            return ntl_jax.number_token_loss(x, TARGETS, NT, ntl_kind=kind, reweigh=reweigh, reduction="sum")
 
         got, grad = jax.value_and_grad(f)(low)
         want, want_grad = jax.value_and_grad(f)(low.astype(jnp.float32))
@@ -196,9 +197,9 @@ def test_no_number_token_gives_exact_zero(kind):
     targets = jnp.array([[2, 3, 1, 0], [0, 0, 0, 0]])
     logits = random_logits(6, shape=(2, 4, V))
     for reduction in ("none", "sum", "mean"):
-        value = ntl_jax.number_token_loss(logits, targets, NT, kind=kind, reweigh=True, reduction=reduction)
+        value = ntl_jax.number_token_loss(logits, targets, NT, ntl_kind=kind, reweigh=True, reduction=reduction)
         assert np.all(np.asarray(value) == 0.0)
-    grad = jax.grad(lambda x: ntl_jax.number_token_loss(x, targets, NT, kind=kind, reduction="mean"))(logits)
+    grad = jax.grad(lambda x: ntl_jax.number_token_loss(x, targets, NT, ntl_kind=kind, reduction="mean"))(logits)
     assert np.all(np.asarray(grad) == 0.0)
 
 
@@ -252,8 +253,8 @@ def test_non_number_logits_do_not_matter_without_reweigh(a, b, kind):
     mixed = jnp.asarray(b).at[..., 4:].set(jnp.asarray(a)[..., 4:])
     targets = jnp.array([[digit(3), digit(1), digit(4)]])
     np.testing.assert_allclose(
-        ntl_jax.number_token_loss(jnp.asarray(a), targets, NT, kind=kind),
-        ntl_jax.number_token_loss(mixed, targets, NT, kind=kind), rtol=1e-5, atol=1e-6)
+        ntl_jax.number_token_loss(jnp.asarray(a), targets, NT, ntl_kind=kind),
+        ntl_jax.number_token_loss(mixed, targets, NT, ntl_kind=kind), rtol=1e-5, atol=1e-6)
 
 
 # -- transformations --------------------------------------------------------------------
@@ -284,7 +285,7 @@ def test_number_tokens_as_a_jit_argument_equals_closure_constant():
 def test_vmap_equals_a_loop(kind):
     logits = random_logits(12, shape=(3, 2, 6, V))
     targets = jnp.stack([TARGETS, TARGETS[::-1], TARGETS[:, ::-1]])
-    f = functools.partial(ntl_jax.number_token_loss, number_tokens=NT, kind=kind, reduction="mean")
+    f = functools.partial(ntl_jax.number_token_loss, number_tokens=NT, ntl_kind=kind, reduction="mean")
     mapped = jax.vmap(lambda l, t: f(l, t))(logits, targets)
     np.testing.assert_allclose(mapped, [f(logits[i], targets[i]) for i in range(3)], rtol=1e-6)
 
@@ -305,9 +306,9 @@ def test_vmap_equals_a_loop(kind):
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"weights": jnp.ones((3, 2))}, ValueError,
          r"weights of shape \(2, 3\).*got \(3, 2\)"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"reduction": "avg"}, ValueError, "reduction in.*'avg'"),
-        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"kind": "l3"}, ValueError, "kind in.*'l3'"),
-        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"kind": "mse", "squash_factor": 2.0}, ValueError,
-         "squash_factor applies only to kind='was'"),
+        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"ntl_kind": "l3"}, ValueError, "kind in.*'l3'"),
+        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"ntl_kind": "mse", "squash_factor": 2.0}, ValueError,
+         "squash_factor applies only to ntl_kind='was'"),
     ],
 )
 def test_bad_input_names_expected_and_actual(logits, targets, kwargs, error, message):
@@ -316,7 +317,7 @@ def test_bad_input_names_expected_and_actual(logits, targets, kwargs, error, mes
 
 
 def test_bad_dot_loss_and_number_tokens():
-    with pytest.raises(ValueError, match="loss in.*'l2'"):
-        ntl_jax.ntl_dot(jnp.zeros((1, 1, V)), jnp.zeros((1, 1), int), NT, loss="l2")
+    with pytest.raises(ValueError, match="ntl_kind in.*'l2'"):
+        ntl_jax.ntl_dot(jnp.zeros((1, 1, V)), jnp.zeros((1, 1), int), NT, ntl_kind="l2")
     with pytest.raises(TypeError, match="NumberTokens, got list"):
         ntl_jax.ntl_was(jnp.zeros((1, 1, V)), jnp.zeros((1, 1), int), PIECES)

@@ -1,5 +1,5 @@
 """The 16-bit logits gradient of the losses and the objective, in each formulation of
-the number statistics (`ntl_jax.number_stats`): the float32 gradient of the widened
+the number statistics (`ntl_jax._core.number_stats`): the float32 gradient of the widened
 logits rounded once, in every mode of differentiation; and, lowered for each platform,
 the formulation it takes: on accelerators no gather or scatter over the vocabulary.
 """
@@ -172,7 +172,7 @@ def test_reweigh_gradient_off_the_numbers_at_a_small_number_mass(shift, formulat
     logits = 3.0 * rng.standard_normal((1, 1, vocab))
     logits[..., ids] -= shift
     target = jnp.asarray([[ids[np.flatnonzero(np.asarray(nt.number_values) == 3)[0]]]], jnp.int32)
-    ceiling = float(ntl_jax.losses.VARIANTS["was"].ceiling(nt, None))
+    ceiling = float(ntl_jax._core.losses.VARIANTS["was"].ceiling(nt, None))
 
     # The gradient in closed form, float64, every factor formed without cancellation
     # (autodiff of a float64 softmax would form d rest = p_v (1 - rest), float64's eps

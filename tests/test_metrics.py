@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from ntl_jax import metrics
+from ntl_jax.data import metrics
 
 TARGETS = ["10", "-5", "3", "0"]
 PREDICTIONS = ["The answer is 12", "-5", "", "2.5"]  # parsed: 12, -5, NaN, 2.5

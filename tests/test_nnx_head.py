@@ -9,7 +9,7 @@ import pytest
 nnx = pytest.importorskip("flax.nnx")
 
 import ntl_jax  # noqa: E402
-from ntl_jax import nnx_head  # noqa: E402
+from ntl_jax.flax import _nnx  # noqa: E402
 
 PIECES = ["<pad>", "</s>", "What", "is", "*", "?", "+", "=", "."] + list("0123456789") + ["10", "25", "100", "99"]
 PIECES += [f"w{i}" for i in range(37 - len(PIECES))]  # 37: a vocabulary that is no power of two
@@ -78,7 +78,7 @@ def _objective(ntl_kind):
 def _loss_and_grads(model, tokens, targets, weights, ntl_kind, fused, transform):
     def loss_fn(model):
         if fused:
-            hidden, kernel = nnx_head.hidden_states_and_kernel(model, tokens)
+            hidden, kernel = _nnx.hidden_states_and_kernel(model, tokens)
             return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, NUMBERS, weights=weights,
                                                        **_objective(ntl_kind))
         return ntl_jax.cross_entropy_and_ntl(model(tokens), targets, NUMBERS, weights=weights, **_objective(ntl_kind))
@@ -128,7 +128,7 @@ def test_fused_loss_and_gradients_equal_the_logits_path(head, bias, scale, ntl_k
 def test_hidden_times_kernel_is_the_logits(head, bias):
     model = Decoder(head=head, bias=bias, scale=0.5, layers=1)
     tokens, _, _ = _data()
-    hidden, kernel = nnx_head.hidden_states_and_kernel(model, tokens)
+    hidden, kernel = _nnx.hidden_states_and_kernel(model, tokens)
     width = D_MODEL + bias
     assert hidden.shape == (BATCH, LENGTH, width) and kernel.shape == (width, VOCAB)
     if head == "tied":
@@ -145,12 +145,12 @@ def test_the_projection_dtype_is_respected():
     model = Decoder(head_dtype=jnp.bfloat16, layers=1)  # float32 parameters, bfloat16 head
     tokens, _, _ = _data()
     logits = model(tokens)
-    hidden, kernel = nnx_head.hidden_states_and_kernel(model, tokens)
+    hidden, kernel = _nnx.hidden_states_and_kernel(model, tokens)
     assert logits.dtype == hidden.dtype == kernel.dtype == jnp.bfloat16
     np.testing.assert_array_equal(kernel, model.lm_head.kernel[...].astype(jnp.bfloat16))
     np.testing.assert_allclose(np.float32(hidden @ kernel), np.float32(logits), rtol=2e-2, atol=2e-2)
     # Without a dtype the head computes in its inputs' own: float32 here.
-    hidden, kernel = nnx_head.hidden_states_and_kernel(Decoder(layers=1), tokens)
+    hidden, kernel = _nnx.hidden_states_and_kernel(Decoder(layers=1), tokens)
     assert hidden.dtype == kernel.dtype == jnp.float32
 
 
@@ -171,14 +171,14 @@ def test_the_model_is_left_as_it_was():
     model = Decoder(head="untied", bias=True, layers=1)
     tokens, _, _ = _data()
     logits, before = model(tokens), _snapshot(model)
-    nnx_head.hidden_states_and_kernel(model, tokens)
+    _nnx.hidden_states_and_kernel(model, tokens)
     _assert_unchanged(model, before)
     assert type(model.lm_head) is nnx.Linear and type(model.embed) is nnx.Embed
     np.testing.assert_array_equal(model(tokens), logits)
     # Repeated calls reuse the skipped classes.
-    count = len(nnx_head._SKIPPED_CLASSES)
-    nnx.jit(lambda m: nnx_head.hidden_states_and_kernel(m, tokens))(model)
-    assert len(nnx_head._SKIPPED_CLASSES) == count
+    count = len(_nnx._SKIPPED_CLASSES)
+    nnx.jit(lambda m: _nnx.hidden_states_and_kernel(m, tokens))(model)
+    assert len(_nnx._SKIPPED_CLASSES) == count
     _assert_unchanged(model, before)
 
 
@@ -187,7 +187,7 @@ def test_the_model_is_left_as_it_was_when_the_call_raises():
     tokens, _, _ = _data()
     before = _snapshot(model)
     with pytest.raises(ValueError, match="Input type must be an integer"):
-        nnx_head.hidden_states_and_kernel(model, tokens.astype(jnp.float32))
+        _nnx.hidden_states_and_kernel(model, tokens.astype(jnp.float32))
     _assert_unchanged(model, before)
     assert model(tokens).shape == (BATCH, LENGTH, VOCAB)
 
@@ -221,12 +221,12 @@ def test_a_head_named_explicitly():
     model = Named()
     tokens, _, _ = _data()
     for head in ("decoder.out", model.decoder["out"]):
-        hidden, kernel = nnx_head.hidden_states_and_kernel(model, tokens, head=head)
+        hidden, kernel = _nnx.hidden_states_and_kernel(model, tokens, head=head)
         np.testing.assert_array_equal(kernel, model.decoder["out"].kernel[...])
         np.testing.assert_allclose(hidden @ kernel, model(tokens), rtol=1e-5, atol=1e-5)
     # Another method than __call__, by name or as a function.
     for method in ("last_logits", Named.last_logits):
-        hidden, kernel = nnx_head.hidden_states_and_kernel(model, tokens, head="decoder.out", method=method)
+        hidden, kernel = _nnx.hidden_states_and_kernel(model, tokens, head="decoder.out", method=method)
         assert hidden.shape == (BATCH, 1, D_MODEL)
         np.testing.assert_allclose(hidden @ kernel, model.last_logits(tokens), rtol=1e-5, atol=1e-5)
 
@@ -236,22 +236,23 @@ def test_errors():
     model = Named()
     # The default looks for lm_head and Embed.attend: this model has neither call.
     with pytest.raises(ValueError, match=r"exactly one call of embed \(Embed.attend\), got 0 calls; name the"):
-        nnx_head.hidden_states_and_kernel(model, tokens)
+        _nnx.hidden_states_and_kernel(model, tokens)
     with pytest.raises(ValueError, match=r"exactly one call of decoder.out \(Linear\), got 2 calls"):
-        nnx_head.hidden_states_and_kernel(Named("twice"), tokens, head="decoder.out")
+        _nnx.hidden_states_and_kernel(Named("twice"), tokens, head="decoder.out")
     with pytest.raises(ValueError, match=r"lm_head \(Linear\) or embed \(Embed.attend\), got 2 calls"):
-        nnx_head.hidden_states_and_kernel(Decoder(layers=1), tokens, method=lambda m, t: m(t) + m.embed.attend(
+        _nnx.hidden_states_and_kernel(Decoder(layers=1), tokens, method=lambda m, t: m(t) + m.embed.attend(
             m.final_norm(m.embed(t))))
     with pytest.raises(ValueError, match=r"expected the model to return its logits, so that with decoder.out "
                                          r"\(Linear\) skipped it returns \[\.\.\., 16\] hidden states, got tuple"):
-        nnx_head.hidden_states_and_kernel(Named("tuple"), tokens, head="decoder.out")
+        _nnx.hidden_states_and_kernel(Named("tuple"), tokens, head="decoder.out")
     with pytest.raises(ValueError, match=r"expected head to be an attribute path .* got 'decoder.nope' "
                                          r"\(no 'nope' in Dict\)"):
-        nnx_head.hidden_states_and_kernel(model, tokens, head="decoder.nope")
+        _nnx.hidden_states_and_kernel(model, tokens, head="decoder.nope")
     with pytest.raises(TypeError, match="expected head to name an nnx.Linear or nnx.Embed .* got RMSNorm"):
-        nnx_head.hidden_states_and_kernel(model, tokens, head="norm")
-    with pytest.raises(TypeError, match=r"expected an nnx.Module, got function \(linen networks: flax_head\)"):
-        nnx_head.hidden_states_and_kernel(lambda t: t, tokens)
+        _nnx.hidden_states_and_kernel(model, tokens, head="norm")
+    with pytest.raises(TypeError,
+                       match=r"expected an nnx.Module, got function \(Linen networks: linen_hidden_states_and_kernel"):
+        _nnx.hidden_states_and_kernel(lambda t: t, tokens)
     # Every failure above left the model as it was.
     assert type(model.decoder["out"]) is nnx.Linear and type(model.embed) is nnx.Embed
     assert model(tokens).shape == (BATCH, LENGTH, VOCAB)
@@ -263,7 +264,7 @@ def test_the_skipped_head_outside_the_call_behaves_as_the_head():
     model = Decoder(bias=True, layers=1)
     x = jnp.ones((2, D_MODEL))
     expected = model.lm_head(x)
-    object.__setattr__(model.lm_head, "__class__", nnx_head._skipped_class(nnx.Linear, 0))
+    object.__setattr__(model.lm_head, "__class__", _nnx._skipped_class(nnx.Linear, 0))
     try:
         np.testing.assert_array_equal(model.lm_head(x), expected)
     finally:
@@ -273,5 +274,5 @@ def test_the_skipped_head_outside_the_call_behaves_as_the_head():
 def test_docstring_example():
     import doctest
 
-    result = doctest.testmod(nnx_head, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(_nnx, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

@@ -20,8 +20,11 @@ from jax.test_util import check_grads
 
 import ntl_jax
 from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
-from ntl_jax.losses import join_digit_runs, target_digit_counts
+from ntl_jax._core.losses import join_digit_runs, target_digit_counts
 from tests.fixtures import make_number_level_fixture as single_digit
+
+# The number-level variant by its float_level (ntloss's name for it).
+NUMBER_LEVEL = {False: "number_level", True: "number_level_float"}
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "number_level_single_digit.npz"
 IGNORE = -100  # as ntloss's ignore_index and tests/ntloss_cases.py
@@ -190,8 +193,8 @@ def test_number_tokens_without_digit_count_stand_alone():
                 smape(1, 1), 0, smape(26, 25)]
     np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, NT), [want_int], rtol=1e-5, atol=1e-7)
     want_float = want_int[:7] + [smape(126, 125), 0, 0]
-    np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, NT, float_level=True), [want_float],
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, NT, ntl_kind="number_level_float"),
+                               [want_float], rtol=1e-5, atol=1e-7)
     assert want_int[1] > 0.9 and want_float[7] > 0  # the lone and joined terms are not trivially 0
 
 
@@ -209,7 +212,7 @@ def test_space_marked_pieces_begin_a_new_number():
     logits = jnp.log(jax.nn.one_hot(jnp.asarray([guess]), len(pieces)) + 1e-30)
     want = [smape(4, 3), smape(1235, 1234), 0, 0, smape(2, 1), 0, 0]
     for float_level in (False, True):
-        got = ntl_jax.number_level_loss(logits, targets, nt, float_level=float_level)
+        got = ntl_jax.number_level_loss(logits, targets, nt, ntl_kind=NUMBER_LEVEL[float_level])
         np.testing.assert_allclose(got, [want], rtol=1e-5, atol=1e-7, err_msg=f"float_level={float_level}")
     unmarked = NumberTokens.from_pieces(pieces, digit_level=False)  # "Ġ12" is no number there
     assert not np.asarray(unmarked.opens_number).any()
@@ -227,7 +230,7 @@ def test_single_digit_vocabulary_gives_the_stored_numbers():
     `number_stats`, from probabilities computed along another path)."""
     stored = np.load(FIXTURE)
     inputs = {k.split("/", 1)[1]: stored[k] for k in stored if k.startswith("input/")}
-    got = single_digit.outputs(ntl_jax.losses, inputs)
+    got = single_digit.outputs(ntl_jax._core.losses, inputs)
     assert set(got) == {k for k in stored if not k.startswith("input/")}
     for name, value in got.items():
         want = stored[name]
@@ -268,8 +271,9 @@ def test_digit_level_tables_are_unchanged_by_wider_tables_on_single_digits():
     targets = jnp.where(targets == pieces.index("12"), pieces.index("y"), targets)
     logits = logits.at[..., pieces.index("12")].set(-1e30)  # no mass on it: same prediction
     for float_level in (False, True):
-        narrow = ntl_jax.number_level_loss(logits, targets, NumberTokens.from_pieces(pieces), float_level=float_level)
-        np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, wide, float_level=float_level), narrow,
+        kind = NUMBER_LEVEL[float_level]
+        narrow = ntl_jax.number_level_loss(logits, targets, NumberTokens.from_pieces(pieces), ntl_kind=kind)
+        np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, wide, ntl_kind=kind), narrow,
                                    rtol=1e-6, atol=1e-7)
 
 
@@ -290,8 +294,8 @@ def test_matches_the_reference(seed, float_level, reweigh):
     for weighted, reduction in itertools.product([False, True], ["none", "sum", "mean"]):
         w = weights if weighted else None
         got = ntl_jax.number_level_loss(jnp.asarray(logits), jnp.asarray(targets), NT,
-                                        weights=None if w is None else jnp.asarray(w), float_level=float_level,
-                                        reweigh=reweigh, reduction=reduction)
+                                        weights=None if w is None else jnp.asarray(w),
+                                        ntl_kind=NUMBER_LEVEL[float_level], reweigh=reweigh, reduction=reduction)
         want = reference(logits, targets, w, float_level=float_level, reweigh=reweigh, reduction=reduction)
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=RTOL, atol=ATOL,
                                    err_msg=f"weighted={weighted} reduction={reduction}")
@@ -302,7 +306,8 @@ def test_matches_the_reference(seed, float_level, reweigh):
 
 def test_under_jit_and_with_a_traced_table():
     logits, targets, weights = random_inputs(3)
-    f = jax.jit(functools.partial(ntl_jax.number_level_loss, float_level=True, reweigh=True, reduction="mean"))
+    f = jax.jit(functools.partial(ntl_jax.number_level_loss, ntl_kind="number_level_float", reweigh=True,
+                                  reduction="mean"))
     got = f(jnp.asarray(logits), jnp.asarray(targets), NT, weights=jnp.asarray(weights))
     want = reference(logits, targets, weights, float_level=True, reweigh=True, reduction="mean")
     np.testing.assert_allclose(float(got), want, rtol=RTOL, atol=ATOL)
@@ -320,7 +325,7 @@ def test_gradients_are_finite_at_extreme_and_nan_logits(float_level, reweigh):
 
     def f(lg):
         return ntl_jax.number_level_loss(lg, jnp.asarray(targets), NT, weights=jnp.asarray(weights),
-                                         float_level=float_level, reweigh=reweigh, reduction="mean")
+                                         ntl_kind=NUMBER_LEVEL[float_level], reweigh=reweigh, reduction="mean")
 
     value, grad = jax.value_and_grad(f)(jnp.asarray(logits))
     assert np.isfinite(float(value)) and np.isfinite(np.asarray(grad)).all()
@@ -334,8 +339,8 @@ def test_gradients_match_finite_differences(float_level):
     targets = jnp.asarray([ids("12", "07", ".", "5", "a", "-1", "99", "3"),
                            ids("x", "4", "0", "3.5", "00", ".", ".", "1")])
     logits = jax.random.normal(jax.random.PRNGKey(0), (2, 8, VOCAB))
-    f = functools.partial(ntl_jax.number_level_loss, targets=targets, number_tokens=NT, float_level=float_level,
-                          reweigh=True, reduction="mean")
+    f = functools.partial(ntl_jax.number_level_loss, targets=targets, number_tokens=NT,
+                          ntl_kind=NUMBER_LEVEL[float_level], reweigh=True, reduction="mean")
     check_grads(f, (logits,), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
 
 

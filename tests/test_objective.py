@@ -131,7 +131,7 @@ def test_objective_is_ce_plus_weighted_ntl_with_one_factor(factor, kind):
         loss_normalizing_factor=factor)
     resolved, w = ntl_jax.loss_normalizing_factor_and_weights(factor, TARGETS, weights)
     ce, z, _ = t5x_cross_entropy_numpy(LOGITS, TARGETS, np.asarray(w), 0.1, 1e-4, resolved)
-    ntl_sum = float(ntl_jax.number_token_loss(LOGITS, TARGETS, NT, kind=kind, weights=w, reduction="sum"))
+    ntl_sum = float(ntl_jax.number_token_loss(LOGITS, TARGETS, NT, ntl_kind=kind, weights=w, reduction="sum"))
     ntl = ntl_sum / (1.0 if resolved is None else float(resolved))
     np.testing.assert_allclose(float(parts["cross_entropy"]), ce - z, rtol=2e-5)
     np.testing.assert_allclose(float(parts["z_loss"]), z, rtol=2e-5)

@@ -10,11 +10,9 @@ seqio = pytest.importorskip("seqio")
 spm = pytest.importorskip("sentencepiece")
 tf = pytest.importorskip("tensorflow")
 
-from ntl_jax import (
-    NumberTokens,  # noqa: E402
-    seqio_vocab,  # noqa: E402
-)
-from ntl_jax.vocab import digit_token_ids  # noqa: E402
+from ntl_jax import NumberTokens  # noqa: E402
+from ntl_jax.data.vocabulary import digit_token_ids  # noqa: E402
+from ntl_jax.seqio import vocabularies  # noqa: E402
 
 ANSWER = "-1747.09"
 SAMPLE_TEXT = [
@@ -41,12 +39,12 @@ def merging_base(tmp_path_factory):
 
 def _vocabularies(merging_base):
     return {
-        "default": seqio_vocab.sentencepiece_vocabulary(),
-        "default_extra_ids": seqio_vocab.sentencepiece_vocabulary(extra_ids=10),
-        "byte": seqio_vocab.byte_vocabulary(),
-        "split(merging sentencepiece)": seqio_vocab.DigitSplitVocabulary(merging_base),
-        "split(default)": seqio_vocab.DigitSplitVocabulary(seqio_vocab.sentencepiece_vocabulary()),
-        "split(byte)": seqio_vocab.DigitSplitVocabulary(seqio.ByteVocabulary()),
+        "default": vocabularies.sentencepiece_vocabulary(),
+        "default_extra_ids": vocabularies.sentencepiece_vocabulary(extra_ids=10),
+        "byte": vocabularies.byte_vocabulary(),
+        "split(merging sentencepiece)": vocabularies.DigitSplitVocabulary(merging_base),
+        "split(default)": vocabularies.DigitSplitVocabulary(vocabularies.sentencepiece_vocabulary()),
+        "split(byte)": vocabularies.DigitSplitVocabulary(seqio.ByteVocabulary()),
     }
 
 
@@ -101,38 +99,38 @@ def test_round_trip_on_mathematics_text(merging_base, name):
 
 
 def test_tf_encoding_matches_python(merging_base):
-    v = seqio_vocab.DigitSplitVocabulary(merging_base)
+    v = vocabularies.DigitSplitVocabulary(merging_base)
     assert v.encode_tf(tf.constant(ANSWER)).numpy().tolist() == v.encode(ANSWER)
     batch = v.encode_tf(tf.constant(["12 + 3", ANSWER]))
     assert batch.to_list() == [v.encode("12 + 3"), v.encode(ANSWER)]
-    d = seqio_vocab.sentencepiece_vocabulary()
+    d = vocabularies.sentencepiece_vocabulary()
     assert d.encode_tf(tf.constant(ANSWER)).numpy().tolist() == d.encode(ANSWER)
     assert v.decode_tf(tf.constant(v.encode(ANSWER))).numpy().decode() == ANSWER
 
 
 def test_wrapper_keeps_ids_special_tokens_and_pickles(merging_base):
-    v = seqio_vocab.DigitSplitVocabulary(merging_base)
+    v = vocabularies.DigitSplitVocabulary(merging_base)
     assert (v.vocab_size, v.eos_id, v.unk_id, v.pad_id) == (merging_base.vocab_size, 1, 2, 0)
     # non-digit text is encoded exactly as the base does
     assert v.encode("times") == merging_base.encode("times")
     w = pickle.loads(pickle.dumps(v))
     assert w == v and w.encode(ANSWER) == v.encode(ANSWER)
-    assert seqio_vocab.DigitSplitVocabulary(v) == v  # no double wrapping
+    assert vocabularies.DigitSplitVocabulary(v) == v  # no double wrapping
     with pytest.raises(TypeError, match="expected a seqio.Vocabulary"):
-        seqio_vocab.DigitSplitVocabulary("t5")
+        vocabularies.DigitSplitVocabulary("t5")
     with pytest.raises(ValueError, match="expected a token id"):
         v.id_to_piece(v.vocab_size)
 
 
 def test_sentencepiece_vocabulary_special_ids_and_digit_ids():
-    d = seqio_vocab.sentencepiece_vocabulary()
+    d = vocabularies.sentencepiece_vocabulary()
     assert (d.pad_id, d.eos_id, d.unk_id, d.bos_id) == (0, 1, 2, -1)
     assert digit_token_ids(d) == [d.tokenizer.piece_to_id(str(k)) for k in range(10)]
-    assert digit_token_ids(seqio_vocab.byte_vocabulary()) == list(range(51, 61))
+    assert digit_token_ids(vocabularies.byte_vocabulary()) == list(range(51, 61))
 
 
 def test_docstring_examples():
     import doctest
 
-    result = doctest.testmod(seqio_vocab)
+    result = doctest.testmod(vocabularies)
     assert result.attempted > 0 and result.failed == 0

@@ -14,4 +14,4 @@ def test_sharded_on_batch_and_vocab_equals_unsharded():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     # Three layouts for every variant, with and without reweigh.
-    assert f"sharded == unsharded for {3 * 2 * len(ntl_jax.losses.KINDS)} layouts x variants" in result.stdout
+    assert f"sharded == unsharded for {3 * 2 * len(ntl_jax._core.losses.KINDS)} layouts x variants" in result.stdout

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ntl_jax import t5x_loss
+from ntl_jax.t5x import _loss as t5x_loss
 from tests import xla_flags
 from tests.test_t5x_model_loss import (
     FACTORS,

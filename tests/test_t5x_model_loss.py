@@ -1,6 +1,6 @@
 """The NTL T5X models' loss and metrics, without T5X.
 
-`ntl_jax.t5x_loss.model_loss` against numpy references of T5X's definitions
+`ntl_jax.t5x._loss.model_loss` against numpy references of T5X's definitions
 (`get_loss_normalizing_factor_and_weights`, `compute_weighted_cross_entropy`) and of
 NTL-WAS, and `NTLLossMixin.loss_fn` on a fake base class standing in for T5X's
 `BaseTransformerModel` (logits from the params, a recording `_compute_metrics`, and
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ntl_jax
-from ntl_jax import t5x_loss
+from ntl_jax.t5x import _loss as t5x_loss
 
 PIECES = ["<pad>", "</s>", "a", "b", "c"] + list("0123456789") + ["."]
 DIGIT_IDS = np.arange(5, 15)
@@ -652,7 +652,7 @@ def test_importing_the_loss_module_does_not_import_t5x():
     import subprocess
     import sys
 
-    code = ("import sys, ntl_jax.t5x_loss; "
-            "print([m for m in ('t5x', 'ntl_jax.t5x', 'clu', 'tensorflow') if m in sys.modules])")
+    code = ("import sys, ntl_jax.t5x._loss; "
+            "print([m for m in ('t5x', 'ntl_jax.t5x.models', 'clu', 'tensorflow') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -6,15 +6,12 @@ import pytest
 seqio = pytest.importorskip("seqio")
 pytest.importorskip("mathematics_dataset")
 
-from ntl_jax import (
-    NumberTokens,  # noqa: E402
-    seqio_vocab,  # noqa: E402
-    tasks,  # noqa: E402  (registers the tasks)
-)
+from ntl_jax import NumberTokens  # noqa: E402
 from ntl_jax.data import (
     catalogue,  # noqa: E402
     generate,  # noqa: E402
 )
+from ntl_jax.seqio import tasks, vocabularies  # noqa: E402  (tasks registers the tasks)
 
 LENGTHS = {"inputs": 96, "targets": 16}
 
@@ -39,7 +36,7 @@ def test_names_and_splits():
     paper13 = seqio.get_mixture_or_task("ntl_math_paper13")
     extrap = [t for t in paper13.tasks if "test_extrapolate" in t.splits]
     assert len(extrap) == 7 and len([t for t in paper13.tasks if "train" in t.splits]) == 13
-    assert add.output_features["targets"].vocabulary == seqio_vocab.sentencepiece_vocabulary()
+    assert add.output_features["targets"].vocabulary == vocabularies.sentencepiece_vocabulary()
     assert [t.name for t in seqio.get_mixture_or_task("ntl_math_arithmetic_ablation_byte").tasks] == [
         "ntl_math_ablation__arithmetic__add_sub_multiple_byte"]
 
@@ -60,7 +57,7 @@ def test_generated_examples_match_the_task_and_digits_are_tokens():
     (ex,) = _first("ntl_math_arithmetic__add_sub_multiple", "test_extrapolate")
     q, a = generate.examples("arithmetic__add_sub_multiple", "test_extrapolate", 1)[0]
     assert ex["inputs_pretokenized"].decode() == q and ex["targets_pretokenized"].decode() == a
-    v = seqio_vocab.sentencepiece_vocabulary()
+    v = vocabularies.sentencepiece_vocabulary()
     assert v.decode(ex["targets"].tolist()) == a
     nt = NumberTokens.from_vocabulary(v)
     digits = [c for c in a if c.isdigit()]
@@ -143,7 +140,7 @@ def test_environment_variable_selects_files(tmp_path):
     import subprocess
     import sys
 
-    code = ("import ntl_jax.tasks, seqio; "
+    code = ("import ntl_jax.seqio.tasks, seqio; "
             "print(type(seqio.get_mixture_or_task('ntl_math_numbers__gcd').source).__name__)")
     env = dict(os.environ, NTL_JAX_MATH_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

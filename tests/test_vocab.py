@@ -12,10 +12,8 @@ import pytest
 
 pytest.importorskip("sentencepiece")
 
-from ntl_jax import (
-    NumberTokens,  # noqa: E402
-    vocab,  # noqa: E402
-)
+from ntl_jax import NumberTokens  # noqa: E402
+from ntl_jax.data import vocabulary as vocab  # noqa: E402
 
 ANSWER = "-1747.09"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -91,10 +89,10 @@ def test_pickles_and_compares():
 
 def test_matches_seqio_sentencepiece_vocabulary():
     pytest.importorskip("seqio")
-    from ntl_jax import seqio_vocab
+    from ntl_jax.seqio import vocabularies
 
     v = vocab.default_vocabulary()
-    s = seqio_vocab.sentencepiece_vocabulary()
+    s = vocabularies.sentencepiece_vocabulary()
     assert (v.vocab_size, v.pad_id, v.eos_id, v.unk_id) == (s.vocab_size, s.pad_id, s.eos_id, s.unk_id)
     assert [v.id_to_piece(i) for i in range(v.vocab_size)] == [
         s.tokenizer.id_to_piece(i) for i in range(s.vocab_size)]
@@ -110,7 +108,7 @@ def test_matches_seqio_sentencepiece_vocabulary():
         assert v.decode([i for i in noisy if i > 0]) == s.decode([i for i in noisy if i > 0])
 
 
-TRAINER_MODULES = ["ntl_jax.vocab", "ntl_jax.train.trainer", "ntl_jax.train.data",
+TRAINER_MODULES = ["ntl_jax.data.vocabulary", "ntl_jax.train.trainer", "ntl_jax.train.data",
                    "ntl_jax.cli.train", "ntl_jax.cli.compare", "ntl_jax.cli"]
 
 

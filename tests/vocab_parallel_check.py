@@ -19,8 +19,9 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl  # noqa: E402
-from ntl_jax.fused import fused_head_stats  # noqa: E402
-from ntl_jax.vocab_parallel import vocab_shards  # noqa: E402
+from ntl_jax._core.fused import fused_head_stats  # noqa: E402
+from ntl_jax._core.options import Options  # noqa: E402
+from ntl_jax._core.vocab_parallel import vocab_shards  # noqa: E402
 from tests.objective_options import FACTORS, OPTIONS  # noqa: E402
 
 # 128 ids; the digits sit in every quarter (and every half) of the vocabulary, "." too.
@@ -125,8 +126,8 @@ def check_bfloat16_and_the_argmax():
     kernel = kernel.at[:, 90].set(kernel[:, 10])
 
     def top(shards):
-        return fused_head_stats(hidden, kernel, targets, weights, NT, label_smoothing=0.0, reweigh=False,
-                                chunk_size=CHUNK, with_top=True, shards=shards)[2]
+        return fused_head_stats(hidden, kernel, targets, weights, NT, Options(ntl_kind="none"), chunk_size=CHUNK,
+                                with_top=True, shards=shards)[2]
 
     sharded = jax.jit(lambda: top(vocab_shards("model", mesh, VOCAB, B)))()
     logits = jnp.einsum("bld,dv->blv", jnp.where((weights > 0)[..., None], hidden, 0.0), kernel)

@@ -98,7 +98,7 @@ def loss_curves(digit: int, distributions: np.ndarray) -> dict[str, np.ndarray]:
     targets = jnp.full((len(distributions), 1), 2 + digit, jnp.int32)
     ce = [float(ntl_jax.weighted_cross_entropy(logits[i:i + 1], targets[i:i + 1])[0])
           for i in range(len(distributions))]
-    mse = ntl_jax.ntl_dot(logits, targets, number_tokens, loss="mse")[:, 0]
+    mse = ntl_jax.ntl_dot(logits, targets, number_tokens, ntl_kind="mse")[:, 0]
     was = ntl_jax.ntl_was(logits, targets, number_tokens)[:, 0]
     return {"CE": np.asarray(ce), "NTL-MSE": np.asarray(mse), "NTL-WAS": np.asarray(was)}
 

@@ -7,9 +7,9 @@ import math
 import os
 import sys
 
+from ntl_jax._core.losses import KINDS
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli.flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
-from ntl_jax.losses import KINDS
 from ntl_jax.train import systems
 
 # Defaults shared with `ntl-jax compare` (its defaults are this run at three losses).
@@ -19,7 +19,7 @@ from ntl_jax.train import systems
 DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
                 batch_size=32, learning_rate=3e-3, warmup_steps=100,
                 train_examples=20_000, eval_examples=500)
-# "ce" and "ntl-<variant>" for every variant in `ntl_jax.losses.VARIANTS`, and the same
+# "ce" and "ntl-<variant>" for every variant in `ntl_jax._core.losses.VARIANTS`, and the same
 # on the Gaussian-smoothed cross-entropy, "gce" and "gce+ntl-<variant>" (`step.LOSS_KINDS`).
 _NTL = tuple("ntl-" + kind.replace("_", "-") for kind in KINDS)
 LOSSES = ("ce", "gce") + _NTL + tuple("gce+" + loss for loss in _NTL)

@@ -1,6 +1,9 @@
-"""DeepMind mathematics data: module catalogue, release-layout reader, offline generator.
+"""The data: the DeepMind mathematics data (module catalogue, release-layout reader,
+offline generator), the shipped SentencePiece vocabulary (`default_vocabulary`), the
+number metrics on decoded text (`ntl_jax.data.metrics`) and the diabetes task.
 
-Importing this package needs only Python; the generator (`ntl_jax.data.generate`) needs
+Importing this package needs only Python and numpy; the generator
+(`ntl_jax.data.generate`) needs
 `mathematics-dataset` and sympy (the `train` or `seqio` extra) and the TF reader needs
 TensorFlow.
 """
@@ -16,6 +19,7 @@ from ntl_jax.data.catalogue import (
     SPLITS,
     TRAIN_MODULES,
 )
+from ntl_jax.data.vocabulary import SentencePieceVocabulary, default_vocabulary
 
 __all__ = [
     "ABLATION_EXTRAPOLATE",
@@ -27,4 +31,6 @@ __all__ = [
     "PAPER13_MODULES",
     "SPLITS",
     "TRAIN_MODULES",
+    "SentencePieceVocabulary",
+    "default_vocabulary",
 ]

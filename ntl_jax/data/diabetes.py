@@ -120,13 +120,13 @@ def examples(split: str, n: int, seed: int, split_seed: int = 0) -> list[tuple[s
 def metrics(questions: Sequence[str], targets: Sequence[str],
             predictions: Sequence[str]) -> dict[str, float]:
     """RMSE and Pearson r of the predicted scores, and the share that parse:
-    `ntl_jax.metrics.regression_metrics`, which says how; empty inputs give `{}`.
+    `ntl_jax.data.metrics.regression_metrics`, which says how; empty inputs give `{}`.
 
     >>> m = metrics(["q"] * 3, ["100", "200", "300"], ["110", "190", "no idea"])
     >>> round(m["rmse"], 6), round(m["pearson_r"], 6), round(m["parsed"], 4)
     (10.0, 1.0, 0.6667)
     """
-    from ntl_jax.metrics import regression_metrics
+    from ntl_jax.data.metrics import regression_metrics
 
     if not len(questions) == len(targets) == len(predictions):
         raise ValueError(f"expected as many questions, targets and predictions, got "

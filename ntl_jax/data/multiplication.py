@@ -142,7 +142,7 @@ def operand_lengths(text: str) -> tuple[int, int]:
 
 def _relative_error(target: str, prediction: str) -> tuple[float, bool]:
     """`(|p - t| / |t|, p == t)`; an unparseable or non-finite prediction is error 1.0."""
-    from ntl_jax.metrics import parse_number
+    from ntl_jax.data.metrics import parse_number
 
     t = parse_number(target)
     if not math.isfinite(t) or t == 0:
@@ -157,7 +157,7 @@ def metrics(questions: Sequence[str], targets: Sequence[str],
             predictions: Sequence[str]) -> dict[str, float]:
     """MAPE over all examples and relative error / accuracy per operand lengths.
 
-    Numbers are read with `ntl_jax.metrics.parse_number` (the last number of the
+    Numbers are read with `ntl_jax.data.metrics.parse_number` (the last number of the
     string), without the prediction clipping of `number_metrics`: products reach
     10**12, beyond its clip. A prediction with no number scores relative error 1.0 (as
     predicting 0) and counts as wrong. Keys: `mape`, and for each `(k, l)` present,

@@ -10,7 +10,7 @@ a gin file and add the NTL options. Their `loss_fn` is
 with both terms weighted by the same per-token weights and divided by the same
 `loss_normalizing_factor` (None, a number, `NUM_REAL_TARGET_TOKENS`,
 `NUM_TOTAL_TARGET_TOKENS`, `AVERAGE_PER_SEQUENCE`; packed batches included). The
-arithmetic, the loss and every metric input, is `ntl_jax.t5x_loss` (on
+arithmetic, the loss and every metric input, is `ntl_jax.t5x._loss` (on
 `ntl_jax.cross_entropy_and_ntl`), pure functions and a mixin tested without T5X.
 `score_batch`, decoding and everything else stay the stock ones (cross-entropy only).
 
@@ -27,16 +27,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from ntl_jax.t5x._install import require_t5x
+
+require_t5x()  # before T5X is imported: says how to install it
+
 from clu import metrics as clu_metrics
 from t5x import metrics as metrics_lib
 from t5x import models
 
-from ntl_jax.number_tokens import NumberTokens
-from ntl_jax.t5x_loss import (
-    NTL_KINDS,  # noqa: F401  (re-exported: what `ntl_kind` accepts)
+from ntl_jax._core.number_tokens import NumberTokens
+from ntl_jax.t5x._loss import (
+    NTL_KINDS,  # re-exported: what `ntl_kind` accepts
     NTLLossMixin,
     number_quality_totals,
 )
+
+__all__ = ["NTL_KINDS", "NTLDecoderOnlyModel", "NTLEncoderDecoderModel", "number_quality_metrics", "padded_vocab_size"]
 
 
 def padded_vocab_size(vocabulary: Any, multiple: int = 128) -> int:
@@ -59,7 +65,7 @@ def number_quality_metrics(logits, targets, weights, number_tokens: NumberTokens
 
     Both are plain means (clu `Average`) over the counted positions (weight > 0, or
     target != 0 when there are no weights), so they do not depend on the
-    loss-normalising factor. See `ntl_jax.t5x_loss.number_quality_totals`.
+    loss-normalising factor. See `ntl_jax.t5x._loss.number_quality_totals`.
     """
     totals = number_quality_totals(logits, targets, weights, number_tokens)
     return {name: clu_metrics.Average(total=total, count=count) for name, (total, count) in totals.items()}

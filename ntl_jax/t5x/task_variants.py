@@ -1,7 +1,7 @@
 """A registered SeqIO task or mixture, re-registered with another vocabulary.
 
 Fine-tuning a public T5 checkpoint needs the checkpoint's vocabulary (T5's
-SentencePiece model, made digit-level with `ntl_jax.seqio_vocab.DigitSplitVocabulary`),
+SentencePiece model, made digit-level with `ntl_jax.seqio.vocabularies.DigitSplitVocabulary`),
 while the `ntl_math_*` tasks tokenize with ntl_jax's own vocabulary. T5X checks that
 the task's and the model's vocabularies are equal, so a gin file asks for a copy of
 the task on the model's vocabulary:

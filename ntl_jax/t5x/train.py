@@ -19,7 +19,10 @@ import sys
 import traceback
 from typing import List, Optional, Sequence
 
+from ntl_jax.t5x._install import require_t5x
 from ntl_jax.t5x.configs import gin_search_path
+
+require_t5x()  # says how to install T5X before a run is attempted
 
 _FLAG = "--gin_search_paths"
 

@@ -83,9 +83,9 @@ def task_metrics(module: str) -> Callable[[Sequence[str], Sequence[str], Sequenc
 
 def default_vocabulary():
     """The digit-split SentencePiece vocabulary shipped with the package."""
-    from ntl_jax import vocab
+    from ntl_jax.data import vocabulary
 
-    return vocab.default_vocabulary()
+    return vocabulary.default_vocabulary()
 
 
 def eval_splits(module: str) -> tuple[str, ...]:

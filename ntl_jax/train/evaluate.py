@@ -144,8 +144,8 @@ def predict(model, params, eval_set: EvalSet, vocabulary, max_length: int,
 
 
 def score(predictions: list[str], targets: list[str]) -> dict[str, float]:
-    """Number metrics of decoded answers (see `ntl_jax.metrics`)."""
-    from ntl_jax import metrics
+    """Number metrics of decoded answers (see `ntl_jax.data.metrics`)."""
+    from ntl_jax.data import metrics
 
     values = metrics.number_metrics(targets, predictions) | metrics.exact_match(targets, predictions)
     return {k: float(v) for k, v in values.items()}

@@ -7,7 +7,7 @@ names, so a seed initialises them as it does the CE run's), trained with the MSE
 output against the answer's number, optionally on `sign(x) * log1p(|x|)` of it
 (`log_targets`, the default: scores of 25-346 become 3.3-5.9, a scale a zero-mean head
 reaches quickly; `sign(s) * expm1(|s|)` maps predictions back). The answer's number is read from the batch's target
-tokens with the vocabulary and `ntl_jax.metrics.parse_number`, so any task whose
+tokens with the vocabulary and `ntl_jax.data.metrics.parse_number`, so any task whose
 answers are numbers works. Evaluation writes each prediction as a number string
 (`format_prediction`, 2 decimals) and scores it with the same metrics as the
 generative models' decoded answers; exact-answer accuracy is thus near 0 by
@@ -95,7 +95,7 @@ def from_training_scale(values: np.ndarray, log_targets: bool) -> np.ndarray:
 
 def answer_values(vocabulary, target_tokens: np.ndarray) -> np.ndarray:
     """`[B]` float64: the number of each row's answer (token ids up to EOS, decoded)."""
-    from ntl_jax.metrics import parse_number
+    from ntl_jax.data.metrics import parse_number
 
     out = np.empty(len(target_tokens), np.float64)
     for i, row in enumerate(np.asarray(target_tokens).tolist()):

@@ -4,7 +4,7 @@ The Regression Transformer (Born & Manica, Nature Machine Intelligence 2023) wri
 digit of a number as one token that carries its decimal place, `_d_p_` (the digit d
 times 10^p): 12.5 is `_1_1_ _2_0_ _5_-1_`. The paper trains it with cross-entropy ("rt")
 and with CE + NTL-MSE ("rt+ntl-mse", the authors' `rt_ntl`). `RtVocabulary` is the
-shipped SentencePiece vocabulary (`ntl_jax.vocab.default_vocabulary()`) with the RT
+shipped SentencePiece vocabulary (`ntl_jax.data.vocabulary.default_vocabulary()`) with the RT
 pieces of `vocab_assets/rt_number_tokens.txt` (`scripts/make_rt_vocab.py`) appended
 after its ids; everything but numbers is tokenized as before.
 
@@ -42,7 +42,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ntl_jax.vocab import ASSETS_DIR
+from ntl_jax.data.vocabulary import ASSETS_DIR
 
 PIECES_PATH = os.path.join(ASSETS_DIR, "rt_number_tokens.txt")
 _PIECE = re.compile(r"_([0-9])_(-?[0-9]+)_")
@@ -89,7 +89,7 @@ class RtVocabulary:
 
     def __init__(self, base: Any = None, pieces_path: str = PIECES_PATH):
         if base is None:
-            from ntl_jax.vocab import default_vocabulary
+            from ntl_jax.data.vocabulary import default_vocabulary
 
             base = default_vocabulary()
         self.base = base
@@ -251,7 +251,7 @@ class RtVocabulary:
     def number_tokens(self):
         """The `NumberTokens` of the RT pieces, each valued at its digit (cached)."""
         if self._number_tokens is None:
-            from ntl_jax.number_tokens import NumberTokens
+            from ntl_jax._core.number_tokens import NumberTokens
 
             size, n = self.vocab_size, len(self.pieces)
             ids = np.arange(self.base_size, size, dtype=np.int32)

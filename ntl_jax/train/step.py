@@ -13,10 +13,11 @@ import flax
 import jax
 import optax
 
-from ntl_jax import flax_head, losses
-from ntl_jax.fused import fused_cross_entropy_and_ntl
-from ntl_jax.number_tokens import NumberTokens
-from ntl_jax.objective import cross_entropy_and_ntl
+from ntl_jax._core import losses
+from ntl_jax._core.fused import fused_cross_entropy_and_ntl
+from ntl_jax._core.number_tokens import NumberTokens
+from ntl_jax._core.objective import cross_entropy_and_ntl
+from ntl_jax.flax import _linen
 
 # `--loss` values: "ce", the cross-entropy baseline (NTL-WAS at weight 0: logged, not
 # trained on), and "ntl-<variant>" for each variant of the one table, `losses.VARIANTS`;
@@ -109,7 +110,7 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
         options = dict(weights=batch["decoder_loss_weights"], ntl_kind=ntl_kind, ntl_weight=ntl_weight,
                        z_loss=z_loss, gce_sigma=gce_sigma, loss_normalizing_factor=loss_normalizing_factor)
         if fused_loss:
-            hidden, kernel = flax_head.hidden_states_and_kernel(model, {"params": params}, *args, **kwargs)
+            hidden, kernel = _linen.hidden_states_and_kernel(model, {"params": params}, *args, **kwargs)
             return fused_cross_entropy_and_ntl(hidden, kernel, targets, number_tokens, **options)
         logits = model.apply({"params": params}, *args, **kwargs)
         # The one NTL line: T5X cross-entropy (+ z-loss) + ntl_weight * NTL, same weights.

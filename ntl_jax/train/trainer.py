@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ntl_jax.number_tokens import NumberTokens
+from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax.train import data as data_lib
 from ntl_jax.train import network, optim, systems
 from ntl_jax.train import step as step_lib

@@ -279,7 +279,7 @@ class XvalTransformer(network.Transformer):
                        decoder_scale=None, *, enable_dropout: bool = True):
         """Teacher-forced decoder pass -> `(logits, numbers)`; the head reads the hidden
         states the logits projection reads."""
-        from ntl_jax.flax_head import LOGITS_MODULE
+        from ntl_jax.flax._linen import LOGITS_MODULE
 
         hidden = []
 

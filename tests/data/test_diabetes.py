@@ -95,7 +95,7 @@ def test_metrics_against_numpy_and_scipy():
     assert m["parsed"] == pytest.approx(38 / 40)
     assert m["rmse"] == pytest.approx(math.sqrt(np.mean((pr - t[keep]) ** 2)), rel=1e-12)
     assert m["pearson_r"] == pytest.approx(stats.pearsonr(pr, t[keep]).statistic, rel=1e-12)
-    # the last number of a prediction counts, as in ntl_jax.metrics
+    # the last number of a prediction counts, as in ntl_jax.data.metrics
     assert diabetes.metrics(["q"] * 2, ["100", "200"], ["score 1 is 90", "210"])["rmse"] == pytest.approx(10.0)
 
 

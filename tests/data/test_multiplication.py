@@ -80,7 +80,7 @@ def test_metrics_hand_made():
     }
     assert not any(math.isnan(v) for v in m.values())
     assert mul.metrics([], [], []) == {}
-    # the last number of a prediction counts, as in ntl_jax.metrics
+    # the last number of a prediction counts, as in ntl_jax.data.metrics
     assert mul.metrics(["What is 2 * 3?"], ["6"], ["2 * 3 = 6"])["accuracy/k1_l1"] == 1.0
     with pytest.raises(ValueError, match="as many"):
         mul.metrics(questions, targets, predictions[:2])

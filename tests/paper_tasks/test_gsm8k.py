@@ -10,8 +10,8 @@ import pytest
 
 seqio = pytest.importorskip("seqio")
 
-from ntl_jax import seqio_vocab  # noqa: E402
-from ntl_jax.paper_tasks import gsm8k  # noqa: E402
+from ntl_jax.seqio import vocabularies  # noqa: E402
+from ntl_jax.seqio.paper_tasks import gsm8k  # noqa: E402
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "gsm8k"
 LENGTHS = {"inputs": 128, "targets": 128}
@@ -50,7 +50,7 @@ def test_registration_and_splits(registered):
     for name in registered:
         assert list(seqio.get_mixture_or_task(name).splits) == ["train", "test"]
     assert seqio.get_mixture_or_task(NAME + "_byte").output_features["targets"].vocabulary == \
-        seqio_vocab.byte_vocabulary()
+        vocabularies.byte_vocabulary()
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
@@ -67,7 +67,7 @@ def test_tokenized_lengths_with_both_vocabularies(registered):
     assert [len(ex["targets"]) for ex in byte] == [48, 71, 47]
     assert byte[0]["targets"].tolist() == [b + 3 for b in EXPECTED["train"][0][1].encode()] + [1]
     spm = _examples(NAME, "train")
-    vocab = seqio_vocab.sentencepiece_vocabulary()
+    vocab = vocabularies.sentencepiece_vocabulary()
     for ex, (q, a) in zip(spm, EXPECTED["train"]):
         assert ex["inputs"].tolist() == vocab.encode(q) + [1]
         assert ex["targets"].tolist() == vocab.encode(a) + [1]

@@ -12,8 +12,8 @@ import pytest
 
 seqio = pytest.importorskip("seqio")
 
-from ntl_jax import seqio_vocab
-from ntl_jax.paper_tasks import multirc
+from ntl_jax.seqio import vocabularies
+from ntl_jax.seqio.paper_tasks import multirc
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "multirc"
 LENGTHS = {"inputs": 512, "targets": 64}
@@ -74,7 +74,7 @@ def test_registration_and_splits(registered):
         assert task.metric_fns == [multirc.metrics]
         assert task.postprocess_fn(" 7 | 8 \n", is_target=False) == "7 | 8"
     assert seqio.get_mixture_or_task(NAME + "_byte").output_features["targets"].vocabulary == \
-        seqio_vocab.byte_vocabulary()
+        vocabularies.byte_vocabulary()
     assert multirc.SPLIT_FILES == {"train": "train.jsonl", "validation": "val.jsonl"}
 
 
@@ -106,7 +106,7 @@ def test_tokenized_lengths_with_both_vocabularies(registered):
     (*_, cake) = _examples(NAME + "_byte", "validation")
     assert len(cake["targets"]) == 17 + 2 * 1 + 1  # 17 characters, the € 3 bytes
 
-    vocab = seqio_vocab.sentencepiece_vocabulary()
+    vocab = vocabularies.sentencepiece_vocabulary()
     spm = _examples(NAME, "train")
     for ex, e in zip(spm, EXPECTED["train"]):
         assert ex["inputs"].tolist() == vocab.encode(e[0]) + [1]
@@ -207,7 +207,7 @@ def test_end_to_end_as_seqio_computes_metrics(registered, split):
 @pytest.mark.parametrize("split", ["train", "validation"])
 def test_seqio_evaluator_reports_the_metrics(registered, split):
     predictions, expected = PREDICTIONS[split]
-    vocab = seqio_vocab.byte_vocabulary()
+    vocab = vocabularies.byte_vocabulary()
 
     def predict_fn(ds):  # the cached eval dataset, as (index, model features) pairs
         out = []

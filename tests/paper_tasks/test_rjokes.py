@@ -11,9 +11,9 @@ import pytest
 
 seqio = pytest.importorskip("seqio")
 
-from ntl_jax import seqio_vocab
-from ntl_jax.metrics import regression_metrics
-from ntl_jax.paper_tasks import rjokes
+from ntl_jax.data.metrics import regression_metrics
+from ntl_jax.seqio import vocabularies
+from ntl_jax.seqio.paper_tasks import rjokes
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "rjokes"
 LENGTHS = {"inputs": 128, "targets": 8}
@@ -57,7 +57,7 @@ def test_registration_and_splits(registered):
         assert task.metric_fns == [regression_metrics]
         assert task.postprocess_fn(" 7 \n", is_target=False) == "7"
     assert seqio.get_mixture_or_task(NAME + "_byte").output_features["targets"].vocabulary == \
-        seqio_vocab.byte_vocabulary()
+        vocabularies.byte_vocabulary()
     assert rjokes.SPLIT_FILES["validation"] == "dev.tsv"
 
 
@@ -81,7 +81,7 @@ def test_tokenized_lengths_with_both_vocabularies(registered):
     assert byte[3]["inputs"].tolist() == [b + 3 for b in EXPECTED["train"][3][0].encode()] + [1]
     assert byte[2]["targets"].tolist() == [ord("1") + 3, ord("1") + 3, 1]
     spm = _examples(NAME, "train")
-    vocab = seqio_vocab.sentencepiece_vocabulary()
+    vocab = vocabularies.sentencepiece_vocabulary()
     for ex, (q, a) in zip(spm, EXPECTED["train"]):
         assert ex["inputs"].tolist() == vocab.encode(q) + [1]
         assert ex["targets"].tolist() == vocab.encode(a) + [1]

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import seqio  # noqa: E402
 import t5x  # noqa: E402
 
-from ntl_jax import seqio_vocab  # noqa: E402
+from ntl_jax.seqio import vocabularies  # noqa: E402
 from ntl_jax.t5x import configs  # noqa: E402
 from ntl_jax.t5x import models as ntl_models  # noqa: E402
 from ntl_jax.t5x import train as ntl_train  # noqa: E402
@@ -62,7 +62,7 @@ EARLIER_SETTINGS = {
 
 def _has_tasks():
     try:
-        importlib.import_module("ntl_jax.tasks")
+        importlib.import_module("ntl_jax.seqio.tasks")
     except ImportError:
         return False
     return True
@@ -165,13 +165,13 @@ def test_decoder_only_file_has_t5x_s_settings(gin_env, local_sentencepiece):
 
 @pytest.mark.parametrize("name", OVERLAYS)
 def test_overlay_file_parses_after_a_model(gin_env, local_sentencepiece, monkeypatch, name):
-    if "ntl_jax.tasks" in (CONFIGS / name).read_text() and not _has_tasks():
-        pytest.skip("ntl_jax.tasks is not available")
+    if "ntl_jax.seqio.tasks" in (CONFIGS / name).read_text() and not _has_tasks():
+        pytest.skip("ntl_jax.seqio.tasks is not available")
     base = "models/t5_1_1_tiny_ntl.gin" if name == "models/digit_vocab.gin" else "models/t5_1_1_tiny_byte_ntl.gin"
     if name == "models/ntl_decoder_only.gin":
         base = "models/decoder_only_base_ntl.gin"
     if name == "models/digit_vocab.gin":
-        pytest.importorskip("ntl_jax.seqio_vocab")
+        pytest.importorskip("ntl_jax.seqio.vocabularies")
     bindings = _offline_bindings(local_sentencepiece) + ["MIXTURE_OR_TASK_NAME = 'any'", "TRAIN_STEPS = 1"]
     if "finetune" in name:
         bindings.append("INITIAL_CHECKPOINT_PATH = '/tmp/unused'")
@@ -187,7 +187,7 @@ def test_overlay_file_parses_after_a_model(gin_env, local_sentencepiece, monkeyp
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_file_builds_its_model(gin_env, local_sentencepiece, name, loss):
     if not _has_tasks():
-        pytest.skip("ntl_jax.tasks is not available")
+        pytest.skip("ntl_jax.seqio.tasks is not available")
     mode, stem = name.split("/")[1], pathlib.Path(name).stem
     files, bindings, expected = LOSS_CHOICES[loss]
     model = _parse_and_build([name, *files], [*_offline_bindings(local_sentencepiece, dropout=False), *bindings])
@@ -227,7 +227,7 @@ def test_paper_run_builds_its_model_and_task(gin_env, local_sentencepiece, name,
     config = model.module.config
     size = (24, 1024) if "3b" in name else (6, 512)
     assert (config.num_encoder_layers, config.emb_dim) == size and config.num_decoder_layers == size[0]
-    assert isinstance(model.output_vocabulary, seqio_vocab.DigitSplitVocabulary)
+    assert isinstance(model.output_vocabulary, vocabularies.DigitSplitVocabulary)
     task_name, checkpoint, steps, split = PAPER_SETTINGS[name]
     task = seqio.get_mixture_or_task(_macro("MIXTURE_OR_TASK_NAME"))
     assert task.name == task_name
@@ -249,7 +249,7 @@ def test_paper_run_builds_its_model_and_task(gin_env, local_sentencepiece, name,
 def test_earlier_experiment_is_reachable(gin_env, local_sentencepiece, old, files, bindings):
     """The T5X guide's command for a removed experiment file trains what that file did."""
     if not _has_tasks():
-        pytest.skip("ntl_jax.tasks is not available")
+        pytest.skip("ntl_jax.seqio.tasks is not available")
     model = _parse_and_build(files, [*_offline_bindings(local_sentencepiece, dropout=False), *bindings])
     kind, weight = EARLIER_LOSSES[re.search(r"_(ce|ntl_mse|ntl_was)\.gin$", old).group(1)]
     assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == (weight, kind)

@@ -133,8 +133,8 @@ def _t5x_reference_ntl(model, logits, batch, factor_option, kind="was"):
         total = ntl_jax.ntl_was(logits, targets, nt, weights=weights, reduction="sum")
         mean = ntl_jax.ntl_was(logits, targets, nt, weights=weights, reduction="mean")
     else:
-        total = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, loss=kind, reduction="sum")
-        mean = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, loss=kind, reduction="mean")
+        total = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, ntl_kind=kind, reduction="sum")
+        mean = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, ntl_kind=kind, reduction="mean")
     return (total if factor is None else total / factor), mean
 
 

@@ -22,7 +22,7 @@ import sys
 import pytest
 
 pytest.importorskip("t5x.models", reason="t5x is not installed (it is not on PyPI; see the README)")
-pytest.importorskip("ntl_jax.tasks")
+pytest.importorskip("ntl_jax.seqio.tasks")
 pytest.importorskip("tensorflow")
 
 from tests.t5x.test_t5x_partitioned_e2e import COMPARED  # noqa: E402

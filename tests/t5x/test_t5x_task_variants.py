@@ -4,9 +4,9 @@ import pytest
 
 pytest.importorskip("t5x.models", reason="t5x is not installed (it is not on PyPI; see the README)")
 seqio = pytest.importorskip("seqio")
-pytest.importorskip("ntl_jax.tasks")
+pytest.importorskip("ntl_jax.seqio.tasks")
 
-from ntl_jax import seqio_vocab  # noqa: E402
+from ntl_jax.seqio import vocabularies  # noqa: E402
 from ntl_jax.t5x import task_variants  # noqa: E402
 
 LENGTHS = {"inputs": 96, "targets": 16}
@@ -32,10 +32,10 @@ def test_mixture_copy_tokenizes_with_the_new_vocabulary():
 
 
 def test_repeated_calls_reuse_the_registration():
-    v = seqio_vocab.DigitSplitVocabulary(seqio.ByteVocabulary())
+    v = vocabularies.DigitSplitVocabulary(seqio.ByteVocabulary())
     first = task_variants.with_vocabulary("ntl_math_arithmetic__mul", v, "_again")
     task = seqio.get_mixture_or_task(first)
-    vocabulary = seqio_vocab.DigitSplitVocabulary(seqio.ByteVocabulary())
+    vocabulary = vocabularies.DigitSplitVocabulary(seqio.ByteVocabulary())
     assert task_variants.with_vocabulary("ntl_math_arithmetic__mul", vocabulary, "_again") == first
     assert seqio.get_mixture_or_task(first) is task
 

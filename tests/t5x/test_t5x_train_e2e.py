@@ -15,7 +15,7 @@ import sys
 import pytest
 
 pytest.importorskip("t5x.models", reason="t5x is not installed (it is not on PyPI; see the README)")
-pytest.importorskip("ntl_jax.tasks")
+pytest.importorskip("ntl_jax.seqio.tasks")
 tf = pytest.importorskip("tensorflow")
 
 TASK = "ntl_math_arithmetic__add_sub_multiple_byte"
@@ -114,7 +114,7 @@ def test_inference_eval_metrics_from_the_task(run_dir):
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == [PERIOD, STEPS]
     for record in records:
-        # The task's number metrics (ntl_jax.metrics) computed on decoded predictions.
+        # The task's number metrics (ntl_jax.data.metrics) computed on decoded predictions.
         for key in ("number_accuracy", "mae", "exact_match", "fraction_unparseable"):
             assert key in record, sorted(record)
         assert 0.0 <= record["fraction_unparseable"] <= 1.0

@@ -6,8 +6,9 @@ import optax
 import pytest
 from conftest import addition_source, fake_data
 
-from ntl_jax import cli, flax_head
+from ntl_jax import cli
 from ntl_jax.cli import train as cli_train
+from ntl_jax.flax import linen_hidden_states_and_kernel
 from ntl_jax.train import data as data_lib
 from ntl_jax.train import network, trainer
 from ntl_jax.train import step as step_lib
@@ -50,7 +51,7 @@ def test_the_head_is_found_and_skipped(vocabulary):
     batch = fake_data(vocabulary, n=8, batch=8).batch(0)
     args, kwargs = step_lib.model_inputs(batch)
     params = model.init(jax.random.key(0), *args, **kwargs, enable_dropout=False)["params"]
-    hidden, kernel = flax_head.hidden_states_and_kernel(model, {"params": params}, *args, **kwargs,
+    hidden, kernel = linen_hidden_states_and_kernel(model, {"params": params}, *args, **kwargs,
                                                         enable_dropout=False)
     np.testing.assert_array_equal(kernel, params["decoder"]["logits_dense"]["kernel"])
     assert hidden.shape == batch["decoder_target_tokens"].shape + (cfg.emb_dim,)
@@ -69,7 +70,7 @@ def test_a_network_without_a_known_head_is_refused():
     model = Plain()
     variables = model.init(jax.random.key(0), np.ones((1, 3)))
     with pytest.raises(ValueError, match="one 'logits_dense' module or one Embed.attend call, found 0"):
-        flax_head.hidden_states_and_kernel(model, variables, np.ones((1, 3)))
+        linen_hidden_states_and_kernel(model, variables, np.ones((1, 3)))
 
 
 def test_the_flag_reaches_the_run_configuration():

@@ -125,7 +125,7 @@ def test_format_prediction():
     assert rh.format_prediction(151.0) == "151" and rh.format_prediction(-0.5) == "-0.5"
     assert rh.format_prediction(3.2e12) == "3200000000000"  # never an exponent
     assert rh.format_prediction(math.nan) == "nan" and rh.format_prediction(math.inf) == "inf"
-    from ntl_jax.metrics import parse_number
+    from ntl_jax.data.metrics import parse_number
 
     for v in (0.004, 12.345, -999.5, 1e-7):
         assert parse_number(rh.format_prediction(v)) == pytest.approx(round(v, 2), abs=1e-12)

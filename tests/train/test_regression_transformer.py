@@ -265,7 +265,7 @@ def test_ntl_mse_on_rt_logits_against_numpy(vocab):
     logits = rng.normal(0.0, 3.0, (2, 4, 1664)).astype(np.float32)  # the network's padded width
     targets = np.array([[vocab.rt_id(7, 3), vocab.rt_id(7, -1), vocab.base.encode("2")[-1], 1],
                         [vocab.rt_id(0, 0), vocab.rt_id(9, 12), 0, 0]])
-    got = np.asarray(ntl_dot(jnp.asarray(logits), jnp.asarray(targets), vocab.number_tokens(), loss="mse"))
+    got = np.asarray(ntl_dot(jnp.asarray(logits), jnp.asarray(targets), vocab.number_tokens(), ntl_kind="mse"))
     expected = np.zeros((2, 4))
     digits = np.arange(550) % 10
     for b, t, y in [(0, 0, 7), (0, 1, 7), (1, 0, 0), (1, 1, 9)]:

@@ -61,7 +61,7 @@ def test_numbers_and_scaling_against_hand_values():
 
 def test_encode_and_decode_with_the_shipped_vocabulary():
     pytest.importorskip("sentencepiece")
-    from ntl_jax.vocab import default_vocabulary
+    from ntl_jax.data.vocabulary import default_vocabulary
 
     vocabulary = default_vocabulary()
     codec = xval.XvalVocabulary(vocabulary)
@@ -194,7 +194,7 @@ def _gelu(x):  # flax's default (tanh) approximation
 
 
 def test_loss_and_number_head_against_numpy(vocabulary):
-    from ntl_jax import flax_head
+    from ntl_jax.flax import _linen
 
     codec = xval.XvalVocabulary(vocabulary)
     data = _data(vocabulary)
@@ -211,7 +211,7 @@ def test_loss_and_number_head_against_numpy(vocabulary):
     # the head reads the hidden states the logits projection reads
     encoded = model.apply({"params": params}, args[0], enable_dropout=False, embedding_scale=f["encoder_scale"],
                           method=model.encode)
-    hidden, _ = flax_head.hidden_states_and_kernel(model, {"params": params}, encoded, *args,
+    hidden, _ = _linen.hidden_states_and_kernel(model, {"params": params}, encoded, *args,
                                                    method=model.decode, enable_dropout=False,
                                                    embedding_scale=f["decoder_scale"])
     head = jax.tree.map(lambda a: np.asarray(a, np.float64), params["number_head"])

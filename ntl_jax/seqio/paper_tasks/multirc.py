@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator, Sequence
 
-from ntl_jax.paper_tasks import files
+from ntl_jax.seqio.paper_tasks import files
 
 DATA_DIR_ENV = "NTL_JAX_MULTIRC_DIR"
 SOURCE = ("SuperGLUE's files are in https://dl.fbaipublicfiles.com/glue/superglue/data/v2/MultiRC.zip "

@@ -103,7 +103,7 @@ def strip(text, example=None, is_target=False):
 def add_task(name: str, source: seqio.DataSource, preprocessors: Sequence[Callable], *,
              byte: bool, postprocess_fn: Callable, metric_fns: Sequence[Callable]) -> str:
     """Registers (or re-registers) `name` with ntl_jax's features and returns it."""
-    from ntl_jax import seqio_vocab
+    from ntl_jax.seqio import vocabularies
 
     if name in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(name)
@@ -111,7 +111,7 @@ def add_task(name: str, source: seqio.DataSource, preprocessors: Sequence[Callab
         name, source=source,
         preprocessors=[*preprocessors, seqio.preprocessors.tokenize,
                        seqio.preprocessors.append_eos_after_trim],
-        output_features=seqio_vocab.output_features(byte),
+        output_features=vocabularies.output_features(byte),
         postprocess_fn=postprocess_fn, metric_fns=list(metric_fns),
         shuffle_buffer_size=10_000)
     return name

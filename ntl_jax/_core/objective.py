@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ntl_jax import losses
-from ntl_jax.number_stats import VALUE, NumberStats
-from ntl_jax.number_tokens import NumberTokens, check_squash_factor
+from ntl_jax._core import losses
+from ntl_jax._core.number_stats import VALUE, NumberStats
+from ntl_jax._core.number_tokens import NumberTokens
+from ntl_jax._core.options import Options
 
 
 class LossNormalizingFactor(enum.Enum):
@@ -154,11 +155,6 @@ def loss_normalizing_factor_and_weights(
     nonzero = per_sequence != 0
     weights = jnp.where(nonzero, weights / jnp.where(nonzero, per_sequence, 1.0), 0.0)
     return jnp.sum(weights), weights
-
-
-def _check_smoothing_and_z(label_smoothing, z_loss) -> None:
-    losses.check_real("label_smoothing", label_smoothing, low=0.0, high=1.0)
-    losses.check_real("z_loss", z_loss, low=0.0)
 
 
 class HeadStats(NamedTuple):
@@ -301,7 +297,7 @@ def weighted_cross_entropy(
         raise TypeError(f"expected floating-point logits (f32, bf16 or f16), got {jnp.result_type(logits)}")
     if not jnp.issubdtype(jnp.result_type(targets), jnp.integer):
         raise TypeError(f"expected integer targets (token ids), got {jnp.result_type(targets)}")
-    _check_smoothing_and_z(label_smoothing, z_loss)
+    Options(ntl_kind="none", label_smoothing=label_smoothing, z_loss=z_loss)  # checks them
     if loss_normalizing_factor is not None:
         losses.check_real("loss_normalizing_factor", loss_normalizing_factor, low=0.0, low_inclusive=False)
     weights = losses.check_weights(weights, jnp.shape(targets))
@@ -375,7 +371,7 @@ def cross_entropy_and_ntl(
         the default `targets > 0` (T5X's rule; a number or None does not). In your own
         optax step, pass `weights=(targets > 0)` (or your padding mask), or a special
         factor.
-      ntl_kind: a key of `ntl_jax.losses.VARIANTS`: `"was"` (the paper's default),
+      ntl_kind: the NTL variant: `"was"` (the paper's default),
         `"mse"`, `"mae"`, `"huber"`, `"number_level"`, `"number_level_float"`,
         `"was_cdf"`; a function `(prediction, target) -> loss` for NTL-L_p with that
         loss (see `ntl_dot`); or `"none"` for cross-entropy without computing NTL.
@@ -417,58 +413,35 @@ def cross_entropy_and_ntl(
       >>> round(float(parts["cross_entropy"]), 4)  # the label on "1" is (e^-.5, 1, e^-.5) / (1 + 2 e^-.5): log 5 again
       1.6094
     """
-    check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss, gce_sigma)
+    options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
+                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma)
     weights = losses.check_inputs(logits, targets, number_tokens, weights)
     vocab = jnp.shape(logits)[-1]
     weights, factor = resolve_weights_and_factor(
         targets, weights, vocab, loss_normalizing_factor,
         decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
     )
-    head, targets = logits_head_stats(
-        logits, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        ntl_kind=ntl_kind, squash_factor=squash_factor, gce_sigma=gce_sigma,
-    )
-    return objective_from_head(
-        head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
-        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma,
-    )
+    head, targets = logits_head_stats(logits, targets, weights, number_tokens, options)
+    return objective_from_head(head, targets, weights, factor, number_tokens, options, vocab=vocab)
 
 
-def logits_head_stats(logits, targets, weights, number_tokens: NumberTokens, *, label_smoothing, reweigh,
-                      ntl_kind="none", squash_factor=None, gce_sigma=0.0, with_numbers=None):
+def logits_head_stats(logits, targets, weights, number_tokens: NumberTokens, options: Options, *,
+                      with_numbers=None):
     """`(HeadStats, targets)` of checked logits under resolved `weights`, the targets -1
     at ignored positions (weight 0, or outside the logits' vocabulary), with the number
-    statistics `ntl_kind` (`"none"`: none) and a GCE label of `gce_sigma` read;
+    statistics that `options.ntl_kind` (`"none"`: none) and the GCE label read;
     `with_numbers` True keeps the number statistics for metrics even without them,
     None only when they are read."""
     # Ignored positions: their targets become -1 (no number, no digit), and NaN or inf
     # in their logits reach neither the loss nor the gradient (see `head_stats`).
     keep, targets = losses.keep_positions(targets, weights, jnp.shape(logits)[-1])
-    label = losses.gaussian_label(targets, number_tokens, gce_sigma) if gce_sigma > 0 else None
+    label = losses.gaussian_label(targets, number_tokens, options.gce_sigma) if options.smoothed else None
     head = head_stats(
-        logits, targets, keep, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        ntl_kind=None if ntl_kind == "none" else ntl_kind, squash_factor=squash_factor, label=label,
-        with_numbers=(ntl_kind != "none" or gce_sigma > 0) if with_numbers is None else with_numbers,
+        logits, targets, keep, number_tokens, label_smoothing=options.label_smoothing, reweigh=options.reweigh,
+        ntl_kind=options.variant, squash_factor=options.squash_factor, label=label,
+        with_numbers=(options.variant is not None or options.smoothed) if with_numbers is None else with_numbers,
     )
     return head, targets
-
-
-def check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
-                            gce_sigma=0.0) -> None:
-    """The option checks of `cross_entropy_and_ntl`, at trace time."""
-    check_squash_factor(squash_factor)
-    if ntl_kind != "none":
-        losses.check_kind(ntl_kind, squash_factor, name="ntl_kind")
-    elif squash_factor is not None:
-        raise ValueError("squash_factor applies only to ntl_kind='was', got ntl_kind='none'")
-    losses.check_real("ntl_weight", ntl_weight, low=0.0)
-    losses.check_bool("reweigh", reweigh)
-    _check_smoothing_and_z(label_smoothing, z_loss)
-    if losses.check_gce_sigma(gce_sigma) > 0 and label_smoothing > 0:
-        raise ValueError(
-            "expected at most one of gce_sigma and label_smoothing (two smoothings of one label), "
-            f"got gce_sigma={gce_sigma} and label_smoothing={label_smoothing}"
-        )
 
 
 def resolve_weights_and_factor(targets, weights, vocab: int, loss_normalizing_factor, *,
@@ -491,31 +464,31 @@ def resolve_weights_and_factor(targets, weights, vocab: int, loss_normalizing_fa
     return weights, factor
 
 
-def objective_from_head(head: HeadStats, targets, weights, factor, number_tokens: NumberTokens, *,
-                        vocab: int, ntl_kind, ntl_weight, squash_factor, label_smoothing, z_loss, gce_sigma=0.0):
+def objective_from_head(head: HeadStats, targets, weights, factor, number_tokens: NumberTokens, options: Options, *,
+                        vocab: int):
     """`(loss, parts)` of `cross_entropy_and_ntl` from the head's statistics over a
     `vocab`-wide output, with ignored positions already sanitised (target -1, weight 0).
-    With `gce_sigma` > 0 the label over the number tokens (`[batch, length, N]`, no
+    With `options.gce_sigma` > 0 the label over the number tokens (`[batch, length, N]`, no
     logits read) serves NTL-WAS-CDF and marks the smoothed positions, where the
     cross-entropy reads the head's `numbers.label_logit`."""
-    label = losses.target_distribution(targets, number_tokens, gce_sigma) if gce_sigma > 0 else None
+    label = losses.target_distribution(targets, number_tokens, options.gce_sigma) if options.smoothed else None
     ce, z, weight_sum = _weighted_cross_entropy_sums(
-        head, targets, weights, vocab, label_smoothing=label_smoothing, z_loss=z_loss,
+        head, targets, weights, vocab, label_smoothing=options.label_smoothing, z_loss=options.z_loss,
         loss_normalizing_factor=factor, label=label,
     )
-    if ntl_kind == "none":
+    if options.variant is None:
         ntl = ntl_weight_sum = jnp.float32(0.0)
     else:
         per_position, counted = losses.ntl_per_position(
-            head.numbers, targets, number_tokens, kind=ntl_kind, masses=head.masses,
-            squash_factor=squash_factor, distribution=None if label is None else label[1],
+            head.numbers, targets, number_tokens, kind=options.variant, masses=head.masses,
+            squash_factor=options.squash_factor, distribution=None if label is None else label[1],
         )
         per_token = losses.reduce_loss(per_position, counted, weights, "none")
         ntl = jnp.sum(per_token)
         ntl_weight_sum = jnp.sum(jnp.where(counted, weights, 0.0))
         if factor is not None:
             ntl = ntl / factor
-    loss = ce + ntl_weight * ntl
+    loss = ce + options.ntl_weight * ntl
     parts = {
         "loss": loss,
         "cross_entropy": ce - z,

@@ -1,8 +1,8 @@
 """SeqIO vocabularies in which every digit is one token (these need seqio and TensorFlow).
 
-* `sentencepiece_vocabulary()`: the SentencePiece model shipped in `ntl_jax/vocab_assets`
+* `sentencepiece_vocabulary()`: the SentencePiece model shipped in `ntl_jax/data/vocab_assets`
   as a `seqio.SentencePieceVocabulary` (the `ntl_math_*` tasks' vocabulary; the trainer
-  uses the same model through `ntl_jax.vocab.default_vocabulary()`, without seqio).
+  uses the same model through `ntl_jax.data.vocabulary.default_vocabulary()`, without seqio).
 * `DigitSplitVocabulary(base)`: makes any seqio vocabulary digit-level the way the
   paper's T5 tokenizer did: every piece containing a digit is split into single
   characters. Use it to fine-tune public T5 checkpoints with their own vocabulary.
@@ -21,7 +21,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from ntl_jax.vocab import DEFAULT_SPM_PATH
+from ntl_jax.data.vocabulary import DEFAULT_SPM_PATH
 
 _HAS_DIGIT = re.compile(r"\d")
 _DIGIT_OR_RUN = re.compile(r"\d|\D+")
@@ -59,9 +59,10 @@ class DigitSplitVocabulary(seqio.Vocabulary):
     Ids, special ids, `vocab_size` and decoding are the base vocabulary's, so a model
     or checkpoint built for the base vocabulary works unchanged.
 
-    >>> vocab = DigitSplitVocabulary(sentencepiece_vocabulary())
-    >>> [vocab.id_to_piece(i) for i in vocab.encode("-17.5")]
-    ['▁-', '1', '7', '.', '5']
+    Examples:
+      >>> vocab = DigitSplitVocabulary(sentencepiece_vocabulary())
+      >>> [vocab.id_to_piece(i) for i in vocab.encode("-17.5")]
+      ['▁-', '1', '7', '.', '5']
     """
 
     def __init__(self, base: seqio.Vocabulary):

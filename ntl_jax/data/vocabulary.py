@@ -1,14 +1,14 @@
 """The shipped digit-level SentencePiece vocabulary, with `sentencepiece` alone.
 
-`default_vocabulary()` reads the model in `ntl_jax/vocab_assets` (trained on generated
+`default_vocabulary()` reads the model in `ntl_jax/data/vocab_assets` (trained on generated
 mathematics text with `split_digits=True`, digits as fixed symbols, pad 0 / eos 1 /
 unk 2; regenerate with `scripts/make_vocab.py`). It needs neither seqio nor
 TensorFlow, so the trainer installs without them; it encodes and decodes like
 `seqio.SentencePieceVocabulary` on the same model (the SeqIO tasks' vocabulary,
-`ntl_jax.seqio_vocab.sentencepiece_vocabulary()`).
+`ntl_jax.seqio.vocabularies.sentencepiece_vocabulary()`).
 
 The seqio vocabularies (`DigitSplitVocabulary`, `byte_vocabulary`) are in
-`ntl_jax.seqio_vocab`. `ntl_jax.NumberTokens.from_vocabulary` accepts all of them and
+`ntl_jax.seqio.vocabularies`. `ntl_jax.NumberTokens.from_vocabulary` accepts all of them and
 finds exactly ten digit tokens.
 """
 
@@ -116,7 +116,7 @@ def default_vocabulary() -> SentencePieceVocabulary:
 def digit_token_ids(vocabulary: Any) -> list[int]:
     """Ids of the ten single-digit tokens '0'..'9', in digit order (a quick check that
     `vocabulary` is digit-level; `NumberTokens.from_vocabulary` is the full table)."""
-    from ntl_jax.number_tokens import NumberTokens
+    from ntl_jax._core.number_tokens import NumberTokens
 
     nt = NumberTokens.from_vocabulary(vocabulary)
     order = np.argsort(np.asarray(nt.number_values))

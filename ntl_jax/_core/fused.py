@@ -28,8 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ntl_jax import losses, number_stats, objective, vocab_parallel
-from ntl_jax.number_tokens import NumberTokens
+from ntl_jax._core import losses, number_stats, objective, vocab_parallel
+from ntl_jax._core.number_tokens import NumberTokens
+from ntl_jax._core.options import Options
 
 # Default chunk: about this many float32 logits held at a time (32 MiB).
 _CHUNK_ELEMENTS = 1 << 23
@@ -385,8 +386,8 @@ def fused_cross_entropy_and_ntl(
       >>> round(float(parts["cross_entropy"]), 4), round(float(parts["ntl"]), 4)  # log 5; (2/3)/2
       (1.6094, 0.3333)
     """
-    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
-                                      gce_sigma)
+    options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
+                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma)
     weights = check_fused_inputs(hidden, kernel, targets, number_tokens, weights, chunk_size)
     vocab = jnp.shape(kernel)[1]
     weights, factor = objective.resolve_weights_and_factor(
@@ -394,28 +395,22 @@ def fused_cross_entropy_and_ntl(
         decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
     )
     head, targets, _ = fused_head_stats(
-        hidden, kernel, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        ntl_kind=ntl_kind, squash_factor=squash_factor, gce_sigma=gce_sigma, chunk_size=chunk_size,
+        hidden, kernel, targets, weights, number_tokens, options, chunk_size=chunk_size,
         shards=vocab_parallel.vocab_shards(vocab_axis, mesh, jnp.shape(kernel)[1], jnp.shape(hidden)[0]),
     )
-    return objective.objective_from_head(
-        head, targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
-        ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
-        gce_sigma=gce_sigma,
-    )
+    return objective.objective_from_head(head, targets, weights, factor, number_tokens, options, vocab=vocab)
 
 
-def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberTokens, *, label_smoothing, reweigh,
-                     ntl_kind="none", squash_factor=None, gce_sigma=0.0, chunk_size=None, with_top=False,
-                     shards: vocab_parallel.VocabShards | None = None):
+def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberTokens, options: Options, *,
+                     chunk_size=None, with_top=False, shards: vocab_parallel.VocabShards | None = None):
     """`(HeadStats, targets, top_ids)` of the logits `hidden @ kernel` under resolved
     `weights`, streamed over vocabulary chunks (see the module docstring): the targets
     come back -1 at ignored positions (weight 0, or outside the kernel's vocabulary);
     `top_ids` `[batch, length]` is the argmax over the vocabulary with `with_top`,
     else None. With `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over
     its mesh. Inputs are checked (`check_fused_inputs`). The number statistics hold
-    what `ntl_kind` reads (`"none"`: none), the expected value, and the label logit of
-    a GCE label of `gce_sigma`.
+    what `options.ntl_kind` reads (`"none"`: none), the expected value, and the label
+    logit of the GCE label.
     """
     dtype = jnp.result_type(hidden, kernel)
     kernel = jnp.asarray(kernel, dtype)
@@ -436,27 +431,27 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
     chunk = min(int(chunk_size), width)
     rest_lse, target_logit, logit_sum, number_logits, top_id = _vocab_stats(
         hidden.reshape(batch * length, d_model), kernel, jnp.maximum(targets, 0).reshape(-1),
-        jnp.asarray(number_tokens.ids), chunk, label_smoothing > 0, with_top, shards,
+        jnp.asarray(number_tokens.ids), chunk, options.label_smoothing > 0, with_top, shards,
     )
     shape = (batch, length)
     number_logits = number_logits.reshape(shape + (-1,))
-    label = losses.gaussian_label(targets, number_tokens, gce_sigma) if gce_sigma > 0 else None
-    reads = losses.variant_reads(None if ntl_kind == "none" else ntl_kind, label is not None, (number_stats.VALUE,))
+    label = losses.gaussian_label(targets, number_tokens, options.gce_sigma) if options.smoothed else None
+    reads = losses.variant_reads(options.variant, label is not None, (number_stats.VALUE,))
     target_value, target_rank = losses.target_stats_inputs(targets, number_tokens, reads)
     numbers = number_stats.from_columns(
         number_logits, keep, target_value, label, number_tokens=number_tokens, reads=reads, target_rank=target_rank,
-        squash_factor=squash_factor if number_stats.DISTANCE in reads else None,
+        squash_factor=options.squash_factor if number_stats.DISTANCE in reads else None,
     )
     number_lse = numbers.log_normalizer
     rest_lse = rest_lse.reshape(shape)
     log_normalizer = jnp.logaddexp(number_lse, rest_lse)
     masses = None
-    if reweigh:
+    if options.reweigh:
         masses = (jnp.exp(number_lse - log_normalizer), jnp.exp(rest_lse - log_normalizer))
     head = objective.HeadStats(
         log_normalizer=log_normalizer,
         target_logit=jnp.where(keep, target_logit.reshape(shape), 0.0),
-        logit_sum=logit_sum.reshape(shape) if label_smoothing > 0 else None,
+        logit_sum=logit_sum.reshape(shape) if options.label_smoothing > 0 else None,
         numbers=numbers,
         masses=masses,
     )

@@ -4,6 +4,6 @@ dataset's own files, which are never downloaded here: each module says where the
 from and which environment variable names their directory.
 """
 
-from ntl_jax.paper_tasks import gsm8k, multirc, rjokes
+from ntl_jax.seqio.paper_tasks import gsm8k, multirc, rjokes
 
 REGISTERED: tuple[str, ...] = tuple(gsm8k.register() + rjokes.register() + multirc.register())

@@ -3,7 +3,7 @@
 Names (`<module>` as in `ntl_jax.data.TRAIN_MODULES`):
 
 * `ntl_math_<module>`: the digit-split SentencePiece vocabulary shipped in the package
-  (`ntl_jax.seqio_vocab.sentencepiece_vocabulary()`); `ntl_math_<module>_byte`:
+  (`ntl_jax.seqio.vocabularies.sentencepiece_vocabulary()`); `ntl_math_<module>_byte`:
   `seqio.ByteVocabulary`.
   Splits `train`, `validation`, `test_interpolate`, and `test_extrapolate` where the
   module has an extrapolation set.
@@ -29,8 +29,10 @@ from typing import Mapping, Sequence
 import seqio
 import tensorflow as tf
 
-from ntl_jax import metrics, seqio_vocab
-from ntl_jax.data import catalogue, reader
+from ntl_jax.data import catalogue, metrics, reader
+from ntl_jax.seqio import vocabularies
+
+__all__ = ["ABLATION_TASK", "DATA_DIR_ENV", "PREFIX", "REGISTERED", "MathFileDataSource", "register_tasks"]
 
 DATA_DIR_ENV = "NTL_JAX_MATH_DIR"
 PREFIX = "ntl_math"
@@ -140,7 +142,7 @@ def _add_task(name: str, split_parts, *, data_dir, seed, byte, module_hint):
             seqio.preprocessors.tokenize,
             seqio.preprocessors.append_eos_after_trim,
         ],
-        output_features=seqio_vocab.output_features(byte),
+        output_features=vocabularies.output_features(byte),
         postprocess_fn=_postprocess,
         metric_fns=[metrics.number_metrics, metrics.exact_match],
         shuffle_buffer_size=10_000,

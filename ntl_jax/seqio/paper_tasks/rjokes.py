@@ -18,7 +18,7 @@ differ: the paper silently drops a line without a tab (or with nothing after it)
 a ValueError naming the file and line, as we do for a score that is not a whole number
 (the release has neither).
 
-Metrics (`ntl_jax.metrics.regression_metrics`, on the last number of each decoded
+Metrics (`ntl_jax.data.metrics.regression_metrics`, on the last number of each decoded
 prediction): `rmse`, `pearson_r` and `parsed` (the share of predictions with a number).
 
 The paper compares, on rJokes, a language model's token head trained with NTL against a
@@ -33,8 +33,8 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from ntl_jax.metrics import regression_metrics
-from ntl_jax.paper_tasks import files
+from ntl_jax.data.metrics import regression_metrics
+from ntl_jax.seqio.paper_tasks import files
 
 DATA_DIR_ENV = "NTL_JAX_RJOKES_DIR"
 SOURCE = ("the files are at github.com/orionw/rJokesData, data/{train,dev,test}.tsv.gz "

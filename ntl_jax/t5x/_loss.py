@@ -27,20 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntl_jax import flax_head, fused, losses, objective, vocab_parallel
-from ntl_jax.number_tokens import NumberTokens
-
-# What `ntl_kind` accepts: a variant of `losses.VARIANTS`, or "none" (cross-entropy
-# without computing NTL; the number metrics are still logged). The cross-entropy
-# baseline that keeps `ntl_loss` logged is `ntl_weight=0`.
-NTL_KINDS = losses.KINDS + ("none",)
-
-
-def check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level, gce_sigma=0.0,
-                      label_smoothing=0.0) -> None:
-    """Raises `TypeError`/`ValueError` for options the NTL models do not accept."""
-    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, 0.0, gce_sigma)
-    losses.check_bool("digit_level", digit_level)
+from ntl_jax._core import fused, losses, objective, vocab_parallel
+from ntl_jax._core.number_tokens import NumberTokens
+from ntl_jax._core.options import NTL_KINDS, Options  # noqa: F401  (NTL_KINDS: the models re-export it)
+from ntl_jax.flax import _linen
 
 
 def segment_ids(batch: Mapping[str, Any]) -> dict:
@@ -51,6 +41,11 @@ def segment_ids(batch: Mapping[str, Any]) -> dict:
     if not out:
         out = {k: v != 0 for k, v in batch.items() if k in ("encoder_input_tokens", "decoder_target_tokens")}
     return out
+
+
+def _is_real(value) -> bool:
+    """A real number other than a bool (which the checks reject by name)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 def _is_special(loss_normalizing_factor) -> bool:
@@ -197,23 +192,22 @@ def model_loss(
     Returns:
       A `ModelLoss`.
     """
+    options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
+                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma)
+    return _model_loss(logits, batch, number_tokens, options, loss_normalizing_factor)
+
+
+def _model_loss(logits, batch, number_tokens: NumberTokens, options: Options, loss_normalizing_factor) -> ModelLoss:
     targets = batch["decoder_target_tokens"]
     vocab = jnp.shape(logits)[-1]
-    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
-                                      gce_sigma)
     losses.check_inputs(logits, targets, number_tokens, batch.get("decoder_loss_weights"))
     weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
     # As `cross_entropy_and_ntl`; the number statistics are kept for the metrics even when
     # the loss has no NTL term.
-    head, clean_targets = objective.logits_head_stats(
-        logits, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        ntl_kind=ntl_kind, squash_factor=squash_factor, gce_sigma=gce_sigma, with_numbers=True,
-    )
-    return _model_loss_from_head(
-        head, clean_targets, weights, factor, batch, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
-        ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
-        loss_normalizing_factor=loss_normalizing_factor, gce_sigma=gce_sigma,
-    )
+    head, clean_targets = objective.logits_head_stats(logits, targets, weights, number_tokens, options,
+                                                      with_numbers=True)
+    return _model_loss_from_head(head, clean_targets, weights, factor, batch, number_tokens, options, vocab=vocab,
+                                 loss_normalizing_factor=loss_normalizing_factor)
 
 
 def model_loss_from_hidden(
@@ -244,24 +238,26 @@ def model_loss_from_hidden(
     columns: vocabulary-parallel, each device streams its own columns and the kernel
     is never gathered (`fused_cross_entropy_and_ntl`'s `vocab_axis`; the mesh's
     other axes shard the batch)."""
+    options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
+                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma)
+    return _model_loss_from_hidden(hidden, kernel, batch, number_tokens, options, loss_normalizing_factor,
+                                   chunk_size=chunk_size, vocab_axis=vocab_axis)
+
+
+def _model_loss_from_hidden(hidden, kernel, batch, number_tokens: NumberTokens, options: Options,
+                            loss_normalizing_factor, *, chunk_size, vocab_axis) -> ModelLoss:
     targets = batch["decoder_target_tokens"]
-    objective.check_objective_options(ntl_kind, ntl_weight, reweigh, squash_factor, label_smoothing, z_loss,
-                                      gce_sigma)
     fused.check_fused_inputs(hidden, kernel, targets, number_tokens, batch.get("decoder_loss_weights"), chunk_size)
     vocab = jnp.shape(kernel)[1]
     weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
     head, clean_targets, top = fused.fused_head_stats(
-        hidden, kernel, targets, weights, number_tokens, label_smoothing=label_smoothing, reweigh=reweigh,
-        ntl_kind=ntl_kind, squash_factor=squash_factor, gce_sigma=gce_sigma, chunk_size=chunk_size, with_top=True,
+        hidden, kernel, targets, weights, number_tokens, options, chunk_size=chunk_size, with_top=True,
         shards=vocab_parallel.vocab_shards(vocab_axis, None, vocab, jnp.shape(hidden)[0]),
     )
     correct = (top == targets).astype(jnp.float32)
     accuracy_inputs = (jnp.stack([correct, 1.0 - correct], axis=-1), jnp.zeros_like(targets))
-    return _model_loss_from_head(
-        head, clean_targets, weights, factor, batch, number_tokens, vocab=vocab, ntl_kind=ntl_kind,
-        ntl_weight=ntl_weight, squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss,
-        loss_normalizing_factor=loss_normalizing_factor, accuracy_inputs=accuracy_inputs, gce_sigma=gce_sigma,
-    )
+    return _model_loss_from_head(head, clean_targets, weights, factor, batch, number_tokens, options, vocab=vocab,
+                                 loss_normalizing_factor=loss_normalizing_factor, accuracy_inputs=accuracy_inputs)
 
 
 def context_vocab_axis(vocab_axis: Optional[str]) -> Optional[str]:
@@ -293,15 +289,12 @@ def check_vocab_axis(vocab_axis, name: str = "fused_vocab_axis") -> None:
         raise ValueError(f"expected {name} None or the name of a mesh axis (such as 'model'), got an empty string")
 
 
-def _model_loss_from_head(head, clean_targets, weights, factor, batch, number_tokens, *, vocab, ntl_kind, ntl_weight,
-                          squash_factor, label_smoothing, z_loss, loss_normalizing_factor, accuracy_inputs=None,
-                          gce_sigma=0.0):
+def _model_loss_from_head(head, clean_targets, weights, factor, batch, number_tokens, options: Options, *, vocab,
+                          loss_normalizing_factor, accuracy_inputs=None):
     """The common tail of `model_loss` and `model_loss_from_hidden`."""
     targets = batch["decoder_target_tokens"]
-    loss, parts = objective.objective_from_head(
-        head, clean_targets, weights, factor, number_tokens, vocab=vocab, ntl_kind=ntl_kind, ntl_weight=ntl_weight,
-        squash_factor=squash_factor, label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma,
-    )
+    loss, parts = objective.objective_from_head(head, clean_targets, weights, factor, number_tokens, options,
+                                                vocab=vocab)
     num_tokens = jnp.array(np.prod(jnp.shape(targets)))
     cross_entropy = parts["cross_entropy"]
     averages = {
@@ -385,13 +378,14 @@ class NTLLossMixin:
         self._fused_vocab_axis = fused_vocab_axis
 
     def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level, gce_sigma=0.0):
-        check_ntl_options(ntl_weight, ntl_kind, reweigh, squash_factor, digit_level, gce_sigma,
-                          getattr(self, "_label_smoothing", 0.0))
-        self._gce_sigma = float(gce_sigma)
-        self._ntl_weight = float(ntl_weight)
-        self._ntl_kind = ntl_kind
-        self._reweigh = bool(reweigh)
-        self._squash_factor = None if squash_factor is None else float(squash_factor)
+        # Checked once, here: `loss_fn` reads the record.
+        self._options = Options(
+            ntl_kind=ntl_kind, ntl_weight=float(ntl_weight) if _is_real(ntl_weight) else ntl_weight, reweigh=reweigh,
+            squash_factor=float(squash_factor) if _is_real(squash_factor) else squash_factor,
+            label_smoothing=getattr(self, "_label_smoothing", 0.0), z_loss=getattr(self, "_z_loss", 0.0),
+            gce_sigma=float(gce_sigma) if _is_real(gce_sigma) else gce_sigma,
+        )
+        losses.check_bool("digit_level", digit_level)
         # Built once on the host from the output vocabulary; a closure constant in jit.
         self._number_tokens = NumberTokens.from_vocabulary(self.output_vocabulary, digit_level=digit_level)
 
@@ -403,7 +397,7 @@ class NTLLossMixin:
     @property
     def gce_sigma(self) -> float:
         """The width of the Gaussian label of the cross-entropy (0: the stock one-hot)."""
-        return self._gce_sigma
+        return self._options.gce_sigma
 
     @property
     def fused_loss(self) -> bool:
@@ -412,12 +406,8 @@ class NTLLossMixin:
 
     @property
     def ntl_options(self) -> dict:
-        return {
-            "ntl_weight": self._ntl_weight,
-            "ntl_kind": self._ntl_kind,
-            "reweigh": self._reweigh,
-            "squash_factor": self._squash_factor,
-        }
+        """The NTL term's options: `ntl_weight`, `ntl_kind`, `reweigh`, `squash_factor`."""
+        return {name: getattr(self._options, name) for name in ("ntl_weight", "ntl_kind", "reweigh", "squash_factor")}
 
     def loss_fn(
         self,
@@ -431,25 +421,18 @@ class NTLLossMixin:
         streams `hidden @ kernel` over vocabulary chunks (`model_loss_from_hidden`):
         the `[batch, length, vocab]` logits are never formed; vocabulary-parallel over
         `fused_vocab_axis` when the mesh in context shards it (`context_vocab_axis`)."""
-        options = dict(
-            label_smoothing=self._label_smoothing,
-            z_loss=self._z_loss,
-            loss_normalizing_factor=self._loss_normalizing_factor,
-            gce_sigma=self._gce_sigma,
-            **self.ntl_options,
-        )
         if self._fused_loss:
-            with flax_head.projection_skipped() as heads:
+            with _linen.projection_skipped() as heads:
                 hidden = self._compute_logits(params, batch, dropout_rng)
-            hidden, kernel = flax_head.cast_like_projection(hidden, *flax_head.projection_kernel(params, heads))
-            out = model_loss_from_hidden(
-                hidden, kernel, batch, self._number_tokens, chunk_size=self._fused_chunk_size,
-                vocab_axis=context_vocab_axis(self._fused_vocab_axis), **options
+            hidden, kernel = _linen.cast_like_projection(hidden, *_linen.projection_kernel(params, heads))
+            out = _model_loss_from_hidden(
+                hidden, kernel, batch, self._number_tokens, self._options, self._loss_normalizing_factor,
+                chunk_size=self._fused_chunk_size, vocab_axis=context_vocab_axis(self._fused_vocab_axis),
             )
             logits, targets = out.accuracy_inputs
         else:
             logits = self._compute_logits(params, batch, dropout_rng)
-            out = model_loss(logits, batch, self._number_tokens, **options)
+            out = _model_loss(logits, batch, self._number_tokens, self._options, self._loss_normalizing_factor)
             targets = batch["decoder_target_tokens"]
         metrics = self._compute_metrics(
             logits=logits,

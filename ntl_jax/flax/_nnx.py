@@ -17,7 +17,7 @@ Whatever linear map the model applies to the logits after the projection (a scal
 as `1/sqrt(d_model)`) lands on `hidden`, where the fused loss needs it; a nonlinear one
 (soft-capping) cannot be moved before the projection and must not be there.
 
-Linen networks are `flax_head`'s; this is a module of its own because NNX modules are
+Linen networks are `_linen`'s; this is a module of its own because NNX modules are
 stateful objects, not functions of a variables dict: the head is found as an object and
 skipped by giving it, for the one call, a subclass whose projection returns its input.
 An NNX transform inside the model (`nnx.remat`, `nnx.jit`) copies a module together with
@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ntl_jax import _compat
-from ntl_jax.flax_head import cast_like_projection
+from ntl_jax._core import compat
+from ntl_jax.flax._linen import cast_like_projection
 
 HEAD_ATTRIBUTE = "lm_head"
 
@@ -79,7 +79,7 @@ def _skipped_class(cls: type, index: int) -> type:
         body = {"__call__": __call__}
     body.update(__module__=cls.__module__, __qualname__=cls.__qualname__)
     # The subclass is declared a pytree or not as the head's class is (Flax's default otherwise).
-    pytree = _compat.nnx_declared_pytree(cls)
+    pytree = compat.nnx_declared_pytree(cls)
     keywords = {} if pytree is None else {"pytree": pytree}
     _SKIPPED_CLASSES[key] = types.new_class(cls.__name__, (cls,), keywords, lambda ns: ns.update(body))
     return _SKIPPED_CLASSES[key]
@@ -159,7 +159,8 @@ def hidden_states_and_kernel(model: nnx.Module, *args, head: str | nnx.Module | 
       True
     """
     if not isinstance(model, nnx.Module):
-        raise TypeError(f"expected an nnx.Module, got {type(model).__name__} (linen networks: flax_head)")
+        raise TypeError(f"expected an nnx.Module, got {type(model).__name__} "
+                        "(Linen networks: linen_hidden_states_and_kernel)")
     heads = _heads(model, head)
     names = {id(node): ".".join(map(str, path)) or "<the model>" for path, node in nnx.iter_graph(model)}
     expected = " or ".join(_describe(m, names) for m in heads) or (

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntl_jax.number_tokens import NumberTokens
+from ntl_jax._core.number_tokens import NumberTokens
 
 # What a variant may read from `NumberStats` (`losses.Variant.reads`).
 VALUE, DISTANCE, RANK_DISTANCE, PROBS = "value", "distance", "rank_distance", "probs"

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import jax
 from jax.sharding import PartitionSpec as P
 
-from ntl_jax import _compat
+from ntl_jax._core import compat
 
 
 class VocabShards(NamedTuple):
@@ -31,7 +31,7 @@ def context_mesh():
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
         return mesh
-    return _compat.legacy_context_mesh()  # `with mesh:` (T5X's partitioner): no public API reads it
+    return compat.legacy_context_mesh()  # `with mesh:` (T5X's partitioner): no public API reads it
 
 
 def vocab_shards(vocab_axis, mesh, vocab: int, batch: int) -> VocabShards | None:

@@ -32,7 +32,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ntl_jax.paper_tasks import files
+from ntl_jax.seqio.paper_tasks import files
 
 DATA_DIR_ENV = "NTL_JAX_GSM8K_DIR"
 SOURCE = ("the official files are at github.com/openai/grade-school-math, "
@@ -106,7 +106,7 @@ def metrics(targets: Sequence, predictions: Sequence) -> dict[str, float]:
     >>> m["accuracy"], m["parsed"], m["mae"]
     (0.3333333333333333, 0.6666666666666666, 495.0)
     """
-    from ntl_jax.metrics import signed_log10
+    from ntl_jax.data.metrics import signed_log10
 
     if len(targets) != len(predictions):
         raise ValueError(f"expected as many predictions as targets, got {len(predictions)} "

@@ -52,8 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ntl_jax.number_stats import DISTANCE, PROBS, RANK_DISTANCE, VALUE, NumberStats, number_ranks, number_stats
-from ntl_jax.number_tokens import NumberTokens, check_squash_factor
+from ntl_jax._core.number_stats import DISTANCE, PROBS, RANK_DISTANCE, VALUE, NumberStats, number_ranks, number_stats
+from ntl_jax._core.number_tokens import NumberTokens, check_squash_factor
 
 Reduction = Literal["none", "sum", "mean"]
 DotLoss = Literal["mse", "mae", "huber"]
@@ -857,7 +857,7 @@ def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_facto
     _check_reduction(reduction)
     check_squash_factor(squash_factor)
     check_bool("reweigh", reweigh)
-    check_kind(kind, squash_factor)
+    check_kind(kind, squash_factor, name="ntl_kind")
     weights = check_inputs(logits, targets, number_tokens, weights)
     # The logits are read widened to float32 (a conversion XLA fuses into each pass,
     # not a copy) and only through the number statistics (and, to reweigh, the maximum
@@ -930,7 +930,7 @@ def ntl_dot(
     number_tokens: NumberTokens,
     *,
     weights: ArrayLike | None = None,
-    loss: DotLoss | Callable = "mse",
+    ntl_kind: DotLoss | Callable = "mse",
     reweigh: bool = False,
     reduction: Reduction = "none",
 ) -> jax.Array:
@@ -939,18 +939,18 @@ def ntl_dot(
 
     Per counted position: `f(sum_j p_j v_j - y)` with `p` the softmax over the number
     tokens only and `f` the squared error, absolute error, or Huber loss with delta 1
-    (as `torch.nn.functional.huber_loss`); or `loss(sum_j p_j v_j, y)` for a function.
+    (as `torch.nn.functional.huber_loss`); or `ntl_kind(sum_j p_j v_j, y)` for a function.
 
     Args:
       logits, targets, number_tokens, weights: as in `ntl_was`.
       reduction: as in `ntl_was`: the default `"none"` is the per-position array, not
         a scalar to differentiate; pass `"mean"` or `"sum"` to train on it.
-      loss: `"mse"`, `"mae"`, `"huber"`, or a function `(prediction, target) -> loss`
+      ntl_kind: `"mse"`, `"mae"`, `"huber"`, or a function `(prediction, target) -> loss`
         of two float32 `[batch, length]` arrays, elementwise and traceable (jnp
         operations), as ntloss's `loss_function`: e.g. log-cosh,
         `lambda p, y: jnp.log(jnp.cosh(p - y))`.
       reweigh: as in `ntl_was`, with `max_dist = f(max v - min v)`
-        (`max(|loss(lo, hi)|, |loss(hi, lo)|)` for a function, as ntloss). The paper
+        (`max(|f(lo, hi)|, |f(hi, lo)|)` for a function `f`, as ntloss). The paper
         does not reweigh; ntloss defaults to True.
 
     Returns:
@@ -963,10 +963,11 @@ def ntl_dot(
       >>> float(ntl_dot(logits, jnp.array([[3]]), nt, reduction="sum"))  # (1 - 2)^2
       1.0
     """
-    if isinstance(loss, str) and loss not in ("mse", "mae", "huber") or not (isinstance(loss, str) or callable(loss)):
-        raise ValueError(f"expected loss in ('mse', 'mae', 'huber') or a function (prediction, target) -> loss, "
-                         f"got {loss!r}")
-    return _ntl(logits, targets, number_tokens, kind=loss, weights=weights, reweigh=reweigh,
+    if isinstance(ntl_kind, str) and ntl_kind not in ("mse", "mae", "huber") \
+            or not (isinstance(ntl_kind, str) or callable(ntl_kind)):
+        raise ValueError(f"expected ntl_kind in ('mse', 'mae', 'huber') or a function (prediction, target) -> loss, "
+                         f"got {ntl_kind!r}")
+    return _ntl(logits, targets, number_tokens, kind=ntl_kind, weights=weights, reweigh=reweigh,
                 squash_factor=None, reduction=reduction)
 
 
@@ -976,7 +977,7 @@ def number_level_loss(
     number_tokens: NumberTokens,
     *,
     weights: ArrayLike | None = None,
-    float_level: bool = False,
+    ntl_kind: Literal["number_level", "number_level_float"] = "number_level",
     reweigh: bool = False,
     reduction: Reduction = "none",
     max_number_length: int = _MAX_NUMBER_LENGTH,
@@ -1007,7 +1008,8 @@ def number_level_loss(
       logits, targets, number_tokens, weights: as in `ntl_was`.
       reduction: as in `ntl_was`: the default `"none"` is the per-position array, not
         a scalar to differentiate; pass `"mean"` or `"sum"` to train on it.
-      float_level: let a single `.` between digits join them (needs a `.` token).
+      ntl_kind: `"number_level"`, or `"number_level_float"` to let a single `.` between
+        digits join them (needs a `.` token; ntloss's `float_level=True`).
       reweigh: as in `ntl_was` with `max_dist = 1`. The paper does not reweigh;
         ntloss defaults to True.
       max_number_length: the most places a number has, as ntloss's (default 20): in a
@@ -1030,13 +1032,14 @@ def number_level_loss(
       >>> round(float(number_level_loss(logits, jnp.array([[3, 1, 0]]), wide, reduction="sum")), 6)  # 1/2469
       0.000405
     """
-    check_bool("float_level", float_level)
+    if ntl_kind not in ("number_level", "number_level_float"):
+        raise ValueError(f"expected ntl_kind in ('number_level', 'number_level_float'), got {ntl_kind!r}")
     if isinstance(max_number_length, bool) or not isinstance(max_number_length, numbers.Integral) \
             or max_number_length < 1:
         raise ValueError(f"expected max_number_length to be an integer >= 1, got {max_number_length!r}")
-    kind = "number_level_float" if float_level else "number_level"
+    kind = ntl_kind
     if max_number_length != _MAX_NUMBER_LENGTH:
-        kind = number_level_variant(float_level, int(max_number_length))
+        kind = number_level_variant(ntl_kind == "number_level_float", int(max_number_length))
     return _ntl(logits, targets, number_tokens, kind=kind, weights=weights, reweigh=reweigh,
                 squash_factor=None, reduction=reduction)
 
@@ -1046,15 +1049,17 @@ def number_token_loss(
     targets: ArrayLike,
     number_tokens: NumberTokens,
     *,
-    kind: str = "was",
+    ntl_kind: str | Callable = "was",
     weights: ArrayLike | None = None,
     reweigh: bool = False,
     squash_factor: float | None = None,
     reduction: Reduction = "none",
 ) -> jax.Array:
-    """Any NTL variant by name: `kind` in `"was"`, `"mse"`, `"mae"`, `"huber"`,
+    """Any NTL variant by name: `ntl_kind` in `"was"`, `"mse"`, `"mae"`, `"huber"`,
     `"number_level"`, `"number_level_float"`, `"was_cdf"` (against the one-hot label;
-    its Gaussian-smoothed label comes with `cross_entropy_and_ntl(gce_sigma=...)`).
+    its Gaussian-smoothed label comes with `cross_entropy_and_ntl(gce_sigma=...)`), or a
+    loss function `(prediction, target) -> loss` (as `ntl_dot`'s); the same name as
+    `cross_entropy_and_ntl`'s and the T5X models' `ntl_kind`.
     Other arguments as in `ntl_was`; as there, the default `reduction="none"` returns
     the per-position `[batch, length]` array, not a scalar: pass `"mean"` or `"sum"`
     for a loss to differentiate.
@@ -1063,10 +1068,11 @@ def number_token_loss(
       >>> import jax.numpy as jnp
       >>> nt = NumberTokens.from_pieces(["<pad>", "2", "0", "1"])  # ids out of value order
       >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.5, 0.0]]]) + 1e-30)
-      >>> float(number_token_loss(logits, jnp.array([[3]]), nt, kind="was_cdf", reduction="sum"))  # |.5-0| + |.5-1|
+      >>> cdf = number_token_loss(logits, jnp.array([[3]]), nt, ntl_kind="was_cdf", reduction="sum")
+      >>> float(cdf)  # |.5-0| + |.5-1|
       1.0
     """
-    return _ntl(logits, targets, number_tokens, kind=kind, weights=weights, reweigh=reweigh,
+    return _ntl(logits, targets, number_tokens, kind=ntl_kind, weights=weights, reweigh=reweigh,
                 squash_factor=squash_factor, reduction=reduction)
 
 

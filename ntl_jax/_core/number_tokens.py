@@ -226,7 +226,7 @@ class NumberTokens:
           >>> nt.number_values.tolist(), nt.digit_counts.tolist()
           ([12.0, 7.0, 7.0], [0, 2, 2, 1])
         """
-        from ntl_jax.tokenizer_pieces import tokenizer_pieces
+        from ntl_jax._core.tokenizer_pieces import tokenizer_pieces
 
         return cls.from_pieces(tokenizer_pieces(tokenizer), digit_level=digit_level, prefixed_numbers=prefixed_numbers)
 
@@ -242,7 +242,7 @@ class NumberTokens:
         `from_tokenizer` (`vocab_size` leaves out a `transformers` tokenizer's added tokens,
         and `decode` turns `Ġ12` into ` 12`).
         """
-        from ntl_jax.tokenizer_pieces import vocabulary_pieces
+        from ntl_jax._core.tokenizer_pieces import vocabulary_pieces
 
         return cls.from_pieces(vocabulary_pieces(vocabulary), digit_level=digit_level)
 

@@ -1,0 +1,1 @@
+"""Data files of ntl_jax.data.vocabulary (the shipped SentencePiece model)."""

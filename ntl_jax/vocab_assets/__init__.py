@@ -1,1 +1,0 @@
-"""Data files of ntl_jax.vocab (the shipped SentencePiece model)."""
