@@ -27,7 +27,7 @@ import sys
 
 MAX_PLACE = 31
 MIN_PLACE = -23
-DEFAULT_OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ntl_jax", "vocab_assets",
+DEFAULT_OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ntl_jax", "data", "vocab_assets",
                               "rt_number_tokens.txt")
 
 

@@ -20,7 +20,7 @@ import io
 import os
 import sys
 
-DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "ntl_jax", "vocab_assets",
+DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "ntl_jax", "data", "vocab_assets",
                               "ntl_math.model")
 
 

@@ -26,7 +26,8 @@ number_stats._FORCE = _chosen
 
 # The files that take minutes, longest first (measured with --durations=0): they start
 # first, so that the workers finish together rather than one of them running a long file
-# alone at the end (the files go to the workers in the order they are collected).
+# alone at the end (with --no-loadscope-reorder the files go to the workers in the order
+# they are collected).
 LONG_FILES = (
     "test_low_precision_gradient.py", "test_tpu_cost.py", "test_number_level_multidigit.py", "test_tasks.py",
     "train/test_trainer.py", "test_bad_inputs.py", "train/test_xval.py", "test_vocab_parallel.py",
