@@ -20,6 +20,7 @@ Zausinger et al., "Regress, Don't Guess", ICML 2025 (arXiv:2411.02083).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple
 
@@ -41,11 +42,6 @@ def segment_ids(batch: Mapping[str, Any]) -> dict:
     if not out:
         out = {k: v != 0 for k, v in batch.items() if k in ("encoder_input_tokens", "decoder_target_tokens")}
     return out
-
-
-def _is_real(value) -> bool:
-    """A real number other than a bool (which the checks reject by name)."""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 def _is_special(loss_normalizing_factor) -> bool:
@@ -378,12 +374,16 @@ class NTLLossMixin:
         self._fused_vocab_axis = fused_vocab_axis
 
     def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level, gce_sigma=0.0):
-        # Checked once, here: `loss_fn` reads the record.
-        self._options = Options(
-            ntl_kind=ntl_kind, ntl_weight=float(ntl_weight) if _is_real(ntl_weight) else ntl_weight, reweigh=reweigh,
-            squash_factor=float(squash_factor) if _is_real(squash_factor) else squash_factor,
+        # Checked here, once per model: `loss_fn` reads the record.
+        options = Options(
+            ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
             label_smoothing=getattr(self, "_label_smoothing", 0.0), z_loss=getattr(self, "_z_loss", 0.0),
-            gce_sigma=float(gce_sigma) if _is_real(gce_sigma) else gce_sigma,
+            gce_sigma=gce_sigma,
+        )
+        # Kept as Python floats (gin may bind integers), once they are known to be numbers.
+        self._options = dataclasses.replace(
+            options, ntl_weight=float(ntl_weight), gce_sigma=float(gce_sigma),
+            squash_factor=None if squash_factor is None else float(squash_factor),
         )
         losses.check_bool("digit_level", digit_level)
         # Built once on the host from the output vocabulary; a closure constant in jit.
