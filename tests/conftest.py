@@ -11,6 +11,7 @@ import os
 from tests import xla_flags
 
 xla_flags.use_fast_compile()  # before JAX starts its CPU backend
+xla_flags.share_compiled_programs()  # before JAX reads its configuration
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -36,7 +37,26 @@ LONG_FILES = (
 )
 
 
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true",
+                     help="also run the long comparisons (tests marked `long`: the whole parameter grids)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "long: a long comparison, run with --long (tests/grid.py); "
+                                       "a short version of it runs by default")
+
+
+def pytest_unconfigure(config):
+    xla_flags.remove_created_cache()
+
+
 def pytest_collection_modifyitems(session, config, items):
+    if not config.getoption("--long"):
+        long = [item for item in items if item.get_closest_marker("long")]
+        if long:
+            config.hook.pytest_deselected(items=long)
+            items[:] = [item for item in items if not item.get_closest_marker("long")]
     rank = {name: i for i, name in enumerate(LONG_FILES)}
 
     def position(item):

@@ -14,6 +14,8 @@ import pytest
 
 import ntl_jax
 from ntl_jax import NumberTokens
+from tests.conftest import FORMULATIONS
+from tests.grid import pairwise
 
 DTYPES = [jnp.bfloat16, jnp.float16]
 
@@ -58,7 +60,7 @@ def test_16_bit_gradient_is_the_rounded_float32_gradient(count, dtype, formulati
         return ntl_jax.ntl_was(x, targets, nt, weights=weights, reduction="mean")
 
     grad = jax.jit(jax.grad(f))(logits.astype(dtype))
-    want = jax.grad(f)(logits.astype(dtype).astype(jnp.float32))
+    want = jax.jit(jax.grad(f))(logits.astype(dtype).astype(jnp.float32))
     assert grad.dtype == dtype
     np.testing.assert_allclose(np.asarray(grad, np.float32), want, **rounded_once(dtype))
     off_numbers = np.setdiff1d(np.arange(logits.shape[-1]), np.asarray(nt.ids))
@@ -69,9 +71,9 @@ OBJECTIVE_OPTIONS = [dict(ntl_kind="none", label_smoothing=0.1), dict(ntl_kind="
                      dict(ntl_kind="mse", label_smoothing=0.1), dict(ntl_kind="number_level", reweigh=True)]
 
 
-@pytest.mark.parametrize("count", [10, 120])
-@pytest.mark.parametrize("options", OBJECTIVE_OPTIONS, ids=lambda o: "-".join(map(str, o.values())))
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("dtype", "options", "count", "formulation"),
+                         pairwise(dtype=DTYPES, options=OBJECTIVE_OPTIONS, count=[10, 120],
+                                  formulation=FORMULATIONS), indirect=["formulation"])
 def test_16_bit_objective_gradient_is_the_rounded_float32_gradient(count, options, dtype, formulation):
     """`cross_entropy_and_ntl`: every term's gradient (normaliser, target, label
     smoothing, number columns, reweigh's mass) adds up in float32 and is rounded to the
@@ -82,14 +84,15 @@ def test_16_bit_objective_gradient_is_the_rounded_float32_gradient(count, option
         return ntl_jax.cross_entropy_and_ntl(x, targets, nt, weights=weights, z_loss=1e-4, **options)[0]
 
     value, grad = jax.jit(jax.value_and_grad(f))(logits.astype(dtype))
-    want_value, want = jax.value_and_grad(f)(logits.astype(dtype).astype(jnp.float32))
+    want_value, want = jax.jit(jax.value_and_grad(f))(logits.astype(dtype).astype(jnp.float32))
     assert grad.dtype == dtype
     np.testing.assert_allclose(float(value), float(want_value), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(grad, np.float32), want, **rounded_once(dtype))
 
 
-@pytest.mark.parametrize("reweigh", [False, True])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("dtype", "reweigh", "formulation"),
+                         pairwise(dtype=DTYPES, reweigh=[False, True], formulation=FORMULATIONS),
+                         indirect=["formulation"])
 def test_16_bit_objective_forward_mode_and_hessian(dtype, reweigh, formulation):
     """The objective's custom derivatives (the normaliser's sum, the target's select,
     the number statistics') are JVP rules: forward mode gives the reverse-mode Jacobian, and the
@@ -124,11 +127,11 @@ def assert_forward_mode_and_hessian(f, low):
     dtype = low.dtype
     # Forward mode carries the float32 tangent of the loss; reverse mode rounds the
     # gradient to the logits' dtype once.
-    forward, reverse = jax.jacfwd(f)(low), jax.jacrev(f)(low)
+    forward, reverse = jax.jit(jax.jacfwd(f))(low), jax.jit(jax.jacrev(f))(low)
     assert forward.dtype == jnp.float32 and reverse.dtype == dtype
     np.testing.assert_allclose(np.asarray(reverse, np.float32), forward, **rounded_once(dtype))
     hessian = jax.jit(jax.hessian(f))(low)
-    want = jax.hessian(f)(low.astype(jnp.float32))
+    want = jax.jit(jax.hessian(f))(low.astype(jnp.float32))
     # Entries that are sums of terms which nearly cancel carry float32 noise of the
     # size of the largest terms, whichever path computes them.
     scale = float(jnp.max(jnp.abs(want)))

@@ -8,10 +8,14 @@ import ntl_jax
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_sharded_on_batch_and_vocab_equals_unsharded():
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+def test_sharded_on_batch_and_vocab_equals_unsharded(request):
+    long = request.config.getoption("--long")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), NTL_JAX_LONG_TESTS="1" if long else "0")
     result = subprocess.run([sys.executable, str(ROOT / "tests" / "sharded_check.py")], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    # Three layouts for every variant, with and without reweigh.
-    assert f"sharded == unsharded for {3 * 2 * len(ntl_jax._core.losses.KINDS)} layouts x variants" in result.stdout
+    # Every variant over batch + vocabulary, with and without reweigh; over the batch
+    # alone and the vocabulary alone two variants (every one with --long).
+    kinds = len(ntl_jax._core.losses.KINDS)
+    on_one_axis = kinds if long else 2
+    assert f"sharded == unsharded for {2 * (kinds + 2 * on_one_axis)} layouts x variants" in result.stdout

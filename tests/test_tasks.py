@@ -12,6 +12,7 @@ from ntl_jax.data import (
     generate,  # noqa: E402
 )
 from ntl_jax.seqio import tasks, vocabularies  # noqa: E402  (tasks registers the tasks)
+from tests.grid import LONG  # noqa: E402
 
 LENGTHS = {"inputs": 96, "targets": 16}
 
@@ -41,7 +42,15 @@ def test_names_and_splits():
         "ntl_math_ablation__arithmetic__add_sub_multiple_byte"]
 
 
-@pytest.mark.parametrize("name", sorted(tasks.REGISTERED))
+def _every_task():
+    """Each registered task; of the byte-vocabulary twins (the same generators read
+    through another vocabulary) one runs by default, every one with --long."""
+    names = sorted(tasks.REGISTERED)
+    byte = [name for name in names if name.endswith("_byte")]
+    return [pytest.param(name, marks=LONG if name in byte[1:] else ()) for name in names]
+
+
+@pytest.mark.parametrize("name", _every_task())
 def test_every_task_iterates_every_split_on_the_fly(name):
     provider = seqio.get_mixture_or_task(name)
     splits = provider.splits if hasattr(provider, "splits") else catalogue.SPLITS

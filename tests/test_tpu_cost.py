@@ -24,6 +24,7 @@ and later, where an assertion failed there.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -31,6 +32,8 @@ import sys
 import pytest
 
 pytest.importorskip("optax")
+
+import jax  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -54,6 +57,15 @@ def tpu():
 
 
 @pytest.fixture(scope="module", autouse=True)
+def compiled_here():
+    """Every program compiled by libtpu here, none loaded from the tests' compilation
+    cache (tests/xla_flags.py): the analyses read are those of the compiler's output."""
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+    jax.config.update("jax_enable_compilation_cache", True)
+
+
+@pytest.fixture(scope="module", autouse=True)
 def train_step_process(tpu, tmp_path_factory):
     """The train-step table, compiling in a subprocess from the module's first test on."""
     folder = tmp_path_factory.mktemp("tpu_cost")
@@ -62,7 +74,7 @@ def train_step_process(tpu, tmp_path_factory):
         process = subprocess.Popen(
             [sys.executable, str(BENCHMARKS / "tpu_cost.py"), "--tables", "train_step", "--vocabs", "t5",
              "--layers", str(TRAIN_STEP_LAYERS), "--no-hbm-only", "--jobs", "1", "--out", str(out)],
-            stdout=subprocess.DEVNULL, stderr=stderr)
+            stdout=subprocess.DEVNULL, stderr=stderr, env=dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false"))
     yield process, out, log
     if process.poll() is None:  # a test run that did not wait for it
         process.kill()

@@ -44,12 +44,13 @@ class _Rows(dict):
 
 
 @pytest.fixture(scope="module")
-def results():
+def results(request):
     checks = os.environ.get("NTL_JAX_VOCAB_PARALLEL_CHECKS", "").split() or list(CHECKS)
     unknown = set(checks) - set(CHECKS)
     assert not unknown, f"NTL_JAX_VOCAB_PARALLEL_CHECKS names no check {sorted(unknown)}; the checks: {list(CHECKS)}"
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     env["XLA_FLAGS"] = xla_flags.with_fast_compile()
+    env["NTL_JAX_LONG_TESTS"] = "1" if request.config.getoption("--long") else "0"
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "vocab_parallel_check.py"), *checks], env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-5000:]
@@ -60,10 +61,12 @@ def results():
     return _Rows(by_check, checks)
 
 
-def test_every_variant_over_2_4_and_8_vocabulary_shards(results):
+def test_every_variant_over_2_4_and_8_vocabulary_shards(results, request):
     rows = results["variant"]
     assert {row["shards"] for row in rows} == {2, 4, 8}
-    assert len(rows) == 2 * len(OPTIONS) + 3  # every option set over 2 and 4 shards, three over 8
+    # every option set over 4 shards, three over 8, and over 2 three (every one with --long)
+    over_2 = len(OPTIONS) if request.config.getoption("--long") else 3
+    assert len(rows) == len(OPTIONS) + 3 + over_2
     for row in rows:
         assert row["error"] <= RTOL, row
 

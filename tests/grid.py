@@ -1,0 +1,50 @@
+"""Parameter grids whose short run covers every pair of values.
+
+A grid of options (dtype × formulation × loss × ...) grows as the product of its axes,
+and most of its cases check the same code paths as their neighbours. `pairwise` gives
+every combination as a pytest parameter; a subset in which every pair of values of any
+two axes occurs at least once runs by default, the rest are marked `long` and run with
+`pytest --long` (tests/conftest.py). A fault that needs two settings together is caught
+either way; one that needs three, only by the long run.
+"""
+
+import itertools
+
+import pytest
+
+LONG = pytest.mark.long
+
+
+def _label(value):
+    if isinstance(value, dict):
+        return "-".join(map(str, value.values()))
+    return getattr(value, "__name__", None) or getattr(value, "name", None) or str(value)
+
+
+def covering(sizes):
+    """Indices (one tuple per case) into axes of `sizes` values in which every pair of
+    values of two axes occurs; greedy, deterministic, in the grid's order."""
+    pairs = list(itertools.combinations(range(len(sizes)), 2))
+    todo = {(i, a, j, b) for i, j in pairs for a in range(sizes[i]) for b in range(sizes[j])}
+    grid = list(itertools.product(*map(range, sizes)))
+    if len(sizes) < 2:
+        return grid
+    chosen = []
+    while todo:
+        case = max(grid, key=lambda c: sum((i, c[i], j, c[j]) in todo for i, j in pairs))
+        chosen.append(case)
+        todo -= {(i, case[i], j, case[j]) for i, j in pairs}
+    return sorted(chosen)
+
+
+def pairwise(**axes):
+    """Every combination of the axes' values as `pytest.param`s (for
+    `parametrize(tuple(axes), pairwise(...))`), those outside `covering` marked `long`."""
+    values = list(axes.values())
+    short = set(covering([len(v) for v in values]))
+    params = []
+    for case in itertools.product(*map(range, map(len, values))):
+        chosen = [v[k] for v, k in zip(values, case)]
+        params.append(pytest.param(*chosen, id="-".join(_label(c) for c in chosen),
+                                   marks=() if case in short else LONG))
+    return params
