@@ -39,12 +39,13 @@ def covering(sizes):
 
 def pairwise(**axes):
     """Every combination of the axes' values as `pytest.param`s (for
-    `parametrize(tuple(axes), pairwise(...))`), those outside `covering` marked `long`."""
-    values = list(axes.values())
-    short = set(covering([len(v) for v in values]))
+    `parametrize(tuple(axes), pairwise(...))`), those outside `covering` marked `long`.
+    An axis is a list of values, or a dict of them by their names in the test ids."""
+    labelled = [list(a.items()) if isinstance(a, dict) else [(_label(v), v) for v in a] for a in axes.values()]
+    short = set(covering([len(a) for a in labelled]))
     params = []
-    for case in itertools.product(*map(range, map(len, values))):
-        chosen = [v[k] for v, k in zip(values, case)]
-        params.append(pytest.param(*chosen, id="-".join(_label(c) for c in chosen),
+    for case in itertools.product(*map(range, map(len, labelled))):
+        chosen = [a[k] for a, k in zip(labelled, case)]
+        params.append(pytest.param(*(value for _, value in chosen), id="-".join(label for label, _ in chosen),
                                    marks=() if case in short else LONG))
     return params

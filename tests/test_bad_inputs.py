@@ -16,6 +16,7 @@ import ntl_jax
 from ntl_jax import NumberTokens
 from ntl_jax._core import losses, number_stats
 from ntl_jax.data.reader import read_pairs
+from tests.grid import pairwise
 
 PIECES = ["<pad>", "</s>", "x", "."] + list("0123456789")  # digit d has id d + 4
 NT = NumberTokens.from_pieces(PIECES)
@@ -257,9 +258,8 @@ def assert_gradient_ignores_garbage(fn, logits, clean):
                                rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("factor", FACTORS)
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("garbage", GARBAGE, ids=[g[0] for g in GARBAGE])
+@pytest.mark.parametrize(("garbage", "kind", "factor"),
+                         pairwise(garbage={g[0]: g for g in GARBAGE}, kind=KINDS, factor=FACTORS))
 def test_ignored_positions_contribute_exactly_zero(garbage, kind, factor):
     _, spoil_logits, spoil_targets = garbage
     logits = spoil_logits(LOGITS)

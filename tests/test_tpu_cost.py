@@ -42,10 +42,10 @@ if str(BENCHMARKS) not in sys.path:
 
 import tpu_cost  # noqa: E402 - after the path
 
-# The train step's decoder depth here: with 2 layers instead of the benchmark's 12 the loss
-# is a larger share of the step (15.6 GB against 61.1 GB with optax CE), so the same bound
-# is stricter, and the three compiles take a quarter of the time.
-TRAIN_STEP_LAYERS = 2
+# The train step's decoder depth here: with 1 layer instead of the benchmark's 12 the loss
+# is a larger share of the step (10.4 GB against 61.1 GB with optax CE), so the same bound
+# is stricter, and the three compiles take a fraction of the time.
+TRAIN_STEP_LAYERS = 1
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,8 @@ def test_whole_train_step_costs_at_most_1_percent_more(train_step_process):
     assert [r["variant"] for r in rows] == ["optax CE", "optax CE + 0.3 ntl_was", "cross_entropy_and_ntl"]
     assert rows[0]["layers"] == TRAIN_STEP_LAYERS
     # 12 layers (the benchmark) at 42b1add: 1.056 (optax CE + ntl_was), 1.116
-    # (cross_entropy_and_ntl); at bb523ad: 1.0000, 0.964. 2 layers at a53c82a: 1.0001, 0.932
+    # (cross_entropy_and_ntl); at bb523ad: 1.0000, 0.964. 2 layers at a53c82a: 1.0001, 0.932;
+    # 1 layer: 1.0002, 0.898
     assert max(_ratios(rows).values()) <= tpu_cost.TARGETS["train_step"], _ratios(rows)
 
 
