@@ -60,9 +60,10 @@ def tpu():
 def compiled_here():
     """Every program compiled by libtpu here, none loaded from the tests' compilation
     cache (tests/xla_flags.py): the analyses read are those of the compiler's output."""
+    before = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
     yield
-    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_enable_compilation_cache", before)
 
 
 @pytest.fixture(scope="module", autouse=True)
