@@ -10,7 +10,7 @@ are asserted as they are:
 - the fused head with NTL <= 1.05x its CE-only setting, loop bodies counted per trip;
 - the vocabulary-parallel fused head gathers no kernel columns and holds at most 5% more
   than its arguments and results (the floor of its layout);
-- a whole train step (the benchmark's GPT-2-small-like decoder, here with 2 layers)
+- a whole train step (the benchmark's GPT-2-small-like decoder, here with 1 layer)
   <= 1.01x the optax CE step.
 
 At the benchmark's real shapes (T5 8x1024x32128, LLaMA-3-like 4x1024x128256; the
