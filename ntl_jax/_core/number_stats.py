@@ -105,15 +105,34 @@ def number_stats(wide, keep, target_value, number_tokens: NumberTokens, *, reads
     return jax.lax.platform_dependent(*args, cpu=columns, default=reductions)
 
 
-def take_columns(wide, keep, number_tokens: NumberTokens):
-    """The number tokens' logits, `[batch, length, N]`, 0 where `keep` is False (taken
-    before any arithmetic, so nothing else of the logits is read)."""
-    columns = jnp.take(wide, jnp.asarray(number_tokens.ids), axis=-1)
+def take_columns(wide, keep, number_tokens: NumberTokens, logits=None):
+    """The number tokens' logits, `[batch, length, N]` float32, 0 where `keep` is False
+    (taken before any arithmetic, so nothing else of the logits is read).
+
+    They are gathered from `logits`, the logits in their own dtype (default `wide`), and
+    widened, which is exact: gathered from `wide`, 16-bit logits would first be written
+    out widened in full (on the TPU 2.6x optax CE's traffic for the LLaMA-3-like table
+    against 2.1x). The gradient is with respect to `wide` (`take`'s scatter), so it adds
+    to the other logits gradients in float32 and is rounded once."""
+    own = wide if logits is None else jax.lax.stop_gradient(logits)
+    columns = _take_widened(wide, own, jnp.asarray(number_tokens.ids))
     return jnp.where(keep[..., None], columns, 0.0)
 
 
+@jax.custom_jvp
+def _take_widened(wide, logits, ids):
+    return jnp.take(logits, ids, axis=-1).astype(jnp.float32)
+
+
+@_take_widened.defjvp
+def _take_widened_jvp(primals, tangents):
+    wide, logits, ids = primals
+    return _take_widened(wide, logits, ids), jnp.take(tangents[0], ids, axis=-1)
+
+
 def _from_logits_by_columns(wide, keep, target_value, label, logits, **options):
-    return from_columns(take_columns(wide, keep, options["number_tokens"]), keep, target_value, label, **options)
+    columns = take_columns(wide, keep, options["number_tokens"], logits)
+    return from_columns(columns, keep, target_value, label, **options)
 
 
 def from_columns(columns, keep, target_value, label=None, *, number_tokens: NumberTokens, reads=(),
