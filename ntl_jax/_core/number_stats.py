@@ -127,7 +127,7 @@ def _take_widened(wide, logits, ids):
 @_take_widened.defjvp
 def _take_widened_jvp(primals, tangents):
     wide, logits, ids = primals
-    return _take_widened(wide, logits, ids), jnp.take(tangents[0], ids, axis=-1)
+    return _take_widened(wide, logits, ids), jnp.take(tangents[0], ids, axis=-1).astype(jnp.float32)
 
 
 def _from_logits_by_columns(wide, keep, target_value, label, logits, **options):
