@@ -122,7 +122,7 @@ def test_standalone_loss_adds_at_most_5_percent_to_optax_ce(tpu, vocab, dtype, k
     ("t5", "bf16", ("was (default)", "was_cdf gce_sigma 1", "was +rw", "was packed, AVERAGE_PER_SEQUENCE",
                     "none (CE only)")),
     # not "was_cdf gce_sigma 1": against a smoothed label NTL-WAS-CDF needs every number
-    # token's column, which beyond 32 of them it gathers (2.65x at 1,110; see docs/performance.md)
+    # token's column, which beyond 32 of them it gathers (2.14x at 1,110; see docs/performance.md)
     ("llama3", "bf16", ("was_cdf", "was gce_sigma 1")),
 ])
 def test_objective_reads_no_more_than_optax_ce(tpu, vocab, dtype, settings):

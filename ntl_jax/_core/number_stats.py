@@ -96,7 +96,7 @@ def number_stats(wide, keep, target_value, number_tokens: NumberTokens, *, reads
     args = (wide, keep, target_value, label, wide if logits is None else logits)
     options = dict(number_tokens=number_tokens, reads=tuple(reads), squash_factor=squash_factor,
                    target_rank=target_rank)
-    columns = functools.partial(_from_logits_by_columns, **options)
+    columns = functools.partial(_from_widened_columns, **options)
     reductions = functools.partial(from_reductions, **options)
     if _FORCE == "columns":
         return columns(*args)
@@ -110,10 +110,11 @@ def take_columns(wide, keep, number_tokens: NumberTokens, logits=None):
     (taken before any arithmetic, so nothing else of the logits is read).
 
     They are gathered from `logits`, the logits in their own dtype (default `wide`), and
-    widened, which is exact: gathered from `wide`, 16-bit logits would first be written
-    out widened in full (on the TPU 2.6x optax CE's traffic for the LLaMA-3-like table
-    against 2.1x). The gradient is with respect to `wide` (`take`'s scatter), so it adds
-    to the other logits gradients in float32 and is rounded once."""
+    widened, which is exact: on the TPU, gathered from `wide`, 16-bit logits would first
+    be written out widened in full (NTL-WAS-CDF with a GCE label, LLaMA-3-like table,
+    bf16: 2.65x optax CE's bytes against 2.14x). The gradient is with respect to `wide`
+    (`take`'s scatter), so it adds to the other logits gradients in float32 and is
+    rounded once."""
     own = wide if logits is None else jax.lax.stop_gradient(logits)
     columns = _take_widened(wide, own, jnp.asarray(number_tokens.ids))
     return jnp.where(keep[..., None], columns, 0.0)
@@ -133,6 +134,13 @@ def _take_widened_jvp(primals, tangents):
 def _from_logits_by_columns(wide, keep, target_value, label, logits, **options):
     columns = take_columns(wide, keep, options["number_tokens"], logits)
     return from_columns(columns, keep, target_value, label, **options)
+
+
+def _from_widened_columns(wide, keep, target_value, label, logits, **options):
+    # The CPU's formulation gathers from the widened logits: gathered from 16-bit ones,
+    # the objective took longer on XLA's CPU backend (bf16, 16x128x32128: 1.45-1.51x its
+    # CE-only setting against 1.37-1.40x, benchmarks/loss_overhead.py).
+    return _from_logits_by_columns(wide, keep, target_value, label, None, **options)
 
 
 def from_columns(columns, keep, target_value, label=None, *, number_tokens: NumberTokens, reads=(),
