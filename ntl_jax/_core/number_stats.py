@@ -115,8 +115,11 @@ def take_columns(wide, keep, number_tokens: NumberTokens, logits=None):
     bf16: 2.65x optax CE's bytes against 2.14x). The gradient is with respect to `wide`
     (`take`'s scatter), so it adds to the other logits gradients in float32 and is
     rounded once."""
-    own = wide if logits is None else jax.lax.stop_gradient(logits)
-    columns = _take_widened(wide, own, jnp.asarray(number_tokens.ids))
+    ids = jnp.asarray(number_tokens.ids)
+    if logits is None:  # nothing to widen: take's own derivative
+        columns = jnp.take(wide, ids, axis=-1)
+    else:
+        columns = _take_widened(wide, jax.lax.stop_gradient(logits), ids)
     return jnp.where(keep[..., None], columns, 0.0)
 
 
