@@ -14,8 +14,9 @@ def test_sharded_on_batch_and_vocab_equals_unsharded(request):
     result = subprocess.run([sys.executable, str(ROOT / "tests" / "sharded_check.py")], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    # Every variant over batch + vocabulary, with and without reweigh; over the batch
-    # alone and the vocabulary alone two variants (every one with --long).
+    # Every variant over batch + vocabulary, reweighed or not in turn; over the batch
+    # alone and the vocabulary alone two variants (with --long: every one, each with and
+    # without reweigh).
     kinds = len(ntl_jax._core.losses.KINDS)
-    on_one_axis = kinds if long else 2
-    assert f"sharded == unsharded for {2 * (kinds + 2 * on_one_axis)} layouts x variants" in result.stdout
+    checked = 2 * 3 * kinds if long else kinds + 2 * 2
+    assert f"sharded == unsharded for {checked} layouts x variants" in result.stdout

@@ -43,6 +43,8 @@ if str(BENCHMARKS) not in sys.path:
 
 import tpu_cost  # noqa: E402 - after the path
 
+from tests.grid import LONG  # noqa: E402
+
 # The train step's decoder depth here: with 1 layer instead of the benchmark's 12 the loss
 # is a larger share of the step (10.4 GB against 61.1 GB with optax CE), so the same bound
 # is stricter, and the three compiles take a fraction of the time.
@@ -101,10 +103,11 @@ def test_loop_bodies_are_counted_once_per_trip(tpu):
 
 @pytest.mark.parametrize("vocab, dtype, kinds, reweighs", [
     # a subset of the benchmark's rows (it has every kind, with and without reweigh, in
-    # both dtypes): each statistic the variants read, and the many-number-token
-    # vocabulary's was_cdf, the row that once missed. Reweigh's statistics are the
-    # objective's "was +rw" below.
-    ("t5", "bf16", ("was", "was_cdf", "mse", "number_level_float"), (False,)),
+    # both dtypes): each statistic the variants read (the expected distance, the distance
+    # in rank, the expected value: mse reads it as number_level_float does), and the
+    # many-number-token vocabulary's was_cdf, the row that once missed. Reweigh's
+    # statistics are the objective's "was +rw" below.
+    ("t5", "bf16", ("was", "was_cdf", "number_level_float"), (False,)),
     ("llama3", "bf16", ("was_cdf",), (False,)),
 ])
 def test_standalone_loss_adds_at_most_5_percent_to_optax_ce(tpu, vocab, dtype, kinds, reweighs):
@@ -117,10 +120,9 @@ def test_standalone_loss_adds_at_most_5_percent_to_optax_ce(tpu, vocab, dtype, k
 
 
 @pytest.mark.parametrize("vocab, dtype, settings", [
-    # a subset of the benchmark's rows (it also has number_level, z-loss, label smoothing,
-    # float32, and more on LLaMA-3's vocabulary)
-    ("t5", "bf16", ("was (default)", "was_cdf gce_sigma 1", "was +rw", "was packed, AVERAGE_PER_SEQUENCE",
-                    "none (CE only)")),
+    # a subset of the benchmark's rows (it also has CE alone, number_level, z-loss, label
+    # smoothing, float32, and more on LLaMA-3's vocabulary)
+    ("t5", "bf16", ("was (default)", "was_cdf gce_sigma 1", "was +rw", "was packed, AVERAGE_PER_SEQUENCE")),
     # not "was_cdf gce_sigma 1": against a smoothed label NTL-WAS-CDF needs every number
     # token's column, which beyond 32 of them it gathers (2.14x at 1,110; see docs/performance.md)
     ("llama3", "bf16", ("was_cdf", "was gce_sigma 1")),
@@ -163,8 +165,15 @@ def test_vocab_parallel_head_gathers_no_kernel_columns(tpu):
     # gradient halved, the kernel and its gradient quartered): 25.6 MB against 24.9 MB.
     parallel = tpu_cost.fused_cost("t5", "was", "vocab-parallel", per_trip=False)
     assert parallel.peak <= 1.05 * tpu_cost.layout_floor(parallel), (parallel.peak, tpu_cost.layout_floor(parallel))
-    # The check sees them where they are: XLA's own partitioning gathers the kernel.
-    assert kernel_gathers("automatic")
+
+
+@LONG
+def test_the_kernel_gather_check_sees_xla_s_own_gathers(tpu):
+    """The check above sees kernel gathers where they are: XLA's own partitioning of the
+    same shardings gathers the kernel (one more compile of the head on the mesh)."""
+    gathers = tpu_cost.all_gathers(tpu_cost.fused_cost("t5", "was", "automatic", per_trip=False).hlo)
+    width = tpu_cost.SHAPES["t5"][-1] // tpu_cost.MESH_SHAPE["model"]
+    assert [g for g in gathers if tpu_cost.gathers_kernel(g, tpu_cost.D_MODEL["t5"], width)]
 
 
 def test_whole_train_step_costs_at_most_1_percent_more(train_step_process):
