@@ -152,14 +152,16 @@ def test_fused_head_ntl_adds_at_most_5_percent(tpu):
     assert max(_ratios(rows).values()) <= tpu_cost.TARGETS["fused"], _ratios(rows)
 
 
+def kernel_gathers(layout):
+    """The all-gathers of kernel columns in the fused head's program on v5e:2x4 (data 2 x
+    model 4), T5's shape, with `layout` (`tpu_cost.LAYOUTS`)."""
+    d_model, width = tpu_cost.D_MODEL["t5"], tpu_cost.SHAPES["t5"][-1] // tpu_cost.MESH_SHAPE["model"]
+    gathers = tpu_cost.all_gathers(tpu_cost.fused_cost("t5", "was", layout, per_trip=False).hlo)
+    return [g for g in gathers if tpu_cost.gathers_kernel(g, d_model, width)]
+
+
 def test_vocab_parallel_head_gathers_no_kernel_columns(tpu):
     """The fused head on v5e:2x4 (data 2 x model 4, vocab_axis="model"), T5's shape."""
-    d_model, width = tpu_cost.D_MODEL["t5"], tpu_cost.SHAPES["t5"][-1] // tpu_cost.MESH_SHAPE["model"]
-
-    def kernel_gathers(layout):
-        gathers = tpu_cost.all_gathers(tpu_cost.fused_cost("t5", "was", layout, per_trip=False).hlo)
-        return [g for g in gathers if tpu_cost.gathers_kernel(g, d_model, width)]
-
     assert kernel_gathers("vocab-parallel") == []
     # A chip holds little beyond its arguments and results (hidden states and their
     # gradient halved, the kernel and its gradient quartered): 25.6 MB against 24.9 MB.
@@ -171,9 +173,7 @@ def test_vocab_parallel_head_gathers_no_kernel_columns(tpu):
 def test_the_kernel_gather_check_sees_xla_s_own_gathers(tpu):
     """The check above sees kernel gathers where they are: XLA's own partitioning of the
     same shardings gathers the kernel (one more compile of the head on the mesh)."""
-    gathers = tpu_cost.all_gathers(tpu_cost.fused_cost("t5", "was", "automatic", per_trip=False).hlo)
-    width = tpu_cost.SHAPES["t5"][-1] // tpu_cost.MESH_SHAPE["model"]
-    assert [g for g in gathers if tpu_cost.gathers_kernel(g, tpu_cost.D_MODEL["t5"], width)]
+    assert kernel_gathers("automatic")
 
 
 def test_whole_train_step_costs_at_most_1_percent_more(train_step_process):
