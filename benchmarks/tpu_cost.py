@@ -850,7 +850,7 @@ def train_step_rows(losses=None, layers=None, log=None) -> list[dict]:
     import jax.numpy as jnp
     import optax
 
-    layers = layers or GPT["layers"]
+    layers = GPT["layers"] if layers is None else layers
     optimizer = optax.adamw(1e-4, weight_decay=0.1)
     init = functools.partial(gpt_init, layers=layers, d=GPT["d_model"], vocab=GPT["vocab"], length=GPT["length"])
     params = jax.eval_shape(init, jax.random.key(0))
@@ -981,8 +981,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"where to write the JSON (default: {os.path.relpath(RESULTS, os.path.dirname(HERE))} "
                              "for the full run, nowhere with --quick)")
     parser.add_argument("--layers", type=int, default=GPT["layers"],
-                        help=f"the train step's decoder layers (default {GPT['layers']}; fewer make the loss a "
-                             "larger share of the step)")
+                        help=f"the train step's decoder blocks (default {GPT['layers']}; fewer make the loss a "
+                             "larger share of the step; 0: the embedding and the tied output layer alone)")
     parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -1004,7 +1004,7 @@ def _run_tables(tables, vocabs, dtypes, quick, hbm, jobs, children, log, layers=
         handle, train_out = tempfile.mkstemp(prefix="tpu_cost_train_step_", suffix=".json")
         os.close(handle)
         train_child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--tables", "train_step",
-                                        "--vocabs", "t5", "--layers", str(layers or GPT["layers"]),
+                                        "--vocabs", "t5", "--layers", str(GPT["layers"] if layers is None else layers),
                                         "--out", train_out], stdout=subprocess.DEVNULL)
         children.append(train_child)
         tables = [t for t in tables if t != "train_step"]
@@ -1055,6 +1055,9 @@ def run(argv=None) -> int:
         if bad:
             print(f"error: expected {name}s from {', '.join(allowed)}, got {', '.join(bad)}", file=sys.stderr)
             return 2
+    if args.layers < 0:
+        print(f"error: expected --layers >= 0 (decoder blocks), got {args.layers}", file=sys.stderr)
+        return 2
     quick = args.quick
     if quick:
         vocabs, dtypes = ["t5"], ["bf16"]

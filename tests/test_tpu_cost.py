@@ -10,11 +10,11 @@ are asserted as they are:
 - the fused head with NTL <= 1.05x its CE-only setting, loop bodies counted per trip;
 - the vocabulary-parallel fused head gathers no kernel columns and holds at most 5% more
   than its arguments and results (the floor of its layout);
-- a whole train step (the benchmark's GPT-2-small-like decoder, here with 1 layer)
+- a whole train step (the benchmark's GPT-2-small-like decoder, here without its blocks)
   <= 1.01x the optax CE step.
 
 At the benchmark's real shapes (T5 8x1024x32128, LLaMA-3-like 4x1024x128256; the
-fused head's hidden [8, 1024, 512]): one compile takes 1-10 s (the train step's ~25 s), so
+fused head's hidden [8, 1024, 512]): one compile takes 2-45 s (the train step's ~20 s), so
 the kinds, options and dtypes are a subset of the benchmark's tables, which
 `python benchmarks/tpu_cost.py` computes whole (run it after touching the losses). The train step
 (three compiles) runs in a subprocess started with the module's first test, beside the
@@ -45,10 +45,12 @@ import tpu_cost  # noqa: E402 - after the path
 
 from tests.grid import LONG  # noqa: E402
 
-# The train step's decoder depth here: with 1 layer instead of the benchmark's 12 the loss
-# is a larger share of the step (10.4 GB against 61.1 GB with optax CE), so the same bound
-# is stricter, and the three compiles take a fraction of the time.
-TRAIN_STEP_LAYERS = 1
+# The train step's decoder blocks here: none, where the benchmark has 12. What the loss
+# meets is there: the tied output layer before it, the embedding's gradient and AdamW
+# after it; and the loss is a larger share of the step (5.0 GB against 61.1 GB with optax
+# CE), so the same bound is stricter. libtpu compiles one block's remat'd forward and
+# backward in about 35 s, the rest of the step in about 17 s.
+TRAIN_STEP_LAYERS = 0
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +186,7 @@ def test_whole_train_step_costs_at_most_1_percent_more(train_step_process):
     assert rows[0]["layers"] == TRAIN_STEP_LAYERS
     # 12 layers (the benchmark) at 42b1add: 1.056 (optax CE + ntl_was), 1.116
     # (cross_entropy_and_ntl); at bb523ad: 1.0000, 0.964. 2 layers at a53c82a: 1.0001, 0.932;
-    # 1 layer: 1.0002, 0.898
+    # 1 layer: 1.0002, 0.898; none: 1.0001, 0.785
     assert max(_ratios(rows).values()) <= tpu_cost.TARGETS["train_step"], _ratios(rows)
 
 
