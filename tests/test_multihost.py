@@ -2,7 +2,8 @@
 are (`tests/multihost_check.py`): the objective, the fused head and the vocabulary-
 parallel fused head on global arrays each host builds from its own rows equal the same
 functions in one process on one device, on a mesh that splits the batch across the hosts
-and on one that splits the vocabulary across them.
+and on one that splits the vocabulary across them (each option set on the mesh that
+splits what it sums across the hosts, `multihost_check.CASES_ON`; with --long on both).
 """
 
 import os
@@ -18,6 +19,7 @@ import pytest
 
 from tests import multihost_check as check
 from tests import xla_flags
+from tests.grid import LONG
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROCESSES = 2
@@ -33,7 +35,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(out: pathlib.Path, count: int, *, timeout: float, join_timeout: int = 120) -> list[str]:
+def run_processes(out: pathlib.Path, count: int, *, timeout: float, join_timeout: int = 120,
+                  every_case: bool = False) -> list[str]:
     """Starts `count` processes of the check (process ids 0..count-1; several tries at a
     free port), waits for all, and returns their stderr; a process that fails or a run
     past `timeout` seconds stops every process and fails with what they printed."""
@@ -41,6 +44,7 @@ def run_processes(out: pathlib.Path, count: int, *, timeout: float, join_timeout
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
                TPU_ACCELERATOR_TYPE=os.environ.get("TPU_ACCELERATOR_TYPE", "v5litepod-4"))
     env["XLA_FLAGS"] = xla_flags.with_fast_compile()
+    env["NTL_JAX_LONG_TESTS"] = "1" if every_case else "0"
     logs = [out / f"stderr_{i}.txt" for i in range(count)]
     procs = []
     try:
@@ -71,9 +75,9 @@ def run_processes(out: pathlib.Path, count: int, *, timeout: float, join_timeout
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(tmp_path_factory, request):
     out = tmp_path_factory.mktemp("multihost")
-    run_processes(out, PROCESSES, timeout=600)
+    run_processes(out, PROCESSES, timeout=600, every_case=request.config.getoption("--long"))
     return [dict(np.load(out / f"process_{i}.npz")) for i in range(PROCESSES)]
 
 
@@ -95,8 +99,9 @@ def test_each_host_feeds_its_own_rows(results):
     assert [r["vocab_across_hosts/local_rows"].tolist() for r in results] == [list(range(check.B))] * 2
 
 
-@pytest.mark.parametrize("mesh", ["batch_across_hosts", "vocab_across_hosts"])
-@pytest.mark.parametrize("case", list(check.CASES))
+@pytest.mark.parametrize("mesh, case", [
+    pytest.param(mesh, case, marks=() if case in check.CASES_ON[mesh] else LONG)
+    for mesh in check.CASES_ON for case in check.CASES])
 def test_equal_to_one_process(results, one_process, mesh, case):
     names = {"objective": "objective", "fused": "fused", "fused_vocab_parallel": "fused"}
     for name, reference in names.items():
