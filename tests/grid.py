@@ -9,10 +9,24 @@ either way; one that needs three, only by the long run.
 """
 
 import itertools
+import os
 
 import pytest
 
 LONG = pytest.mark.long
+# The checks that run as subprocesses (tests/*_check.py) learn from this variable whether
+# the test that started them runs with --long.
+LONG_ENV = "NTL_JAX_LONG_TESTS"
+
+
+def long_env(long: bool) -> dict[str, str]:
+    """`LONG_ENV` for a subprocess check's environment."""
+    return {LONG_ENV: "1" if long else "0"}
+
+
+def long_run() -> bool:
+    """In a subprocess check: whether the test that started it runs with --long."""
+    return os.environ.get(LONG_ENV) == "1"
 
 
 def _label(value):

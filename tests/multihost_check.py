@@ -18,6 +18,8 @@ import sys
 
 import numpy as np
 
+from tests.grid import long_run
+
 LOCAL_DEVICES = 4
 B, L, D, VOCAB = 8, 12, 16, 128
 DIGIT_IDS = [3, 17, 30, 37, 50, 66, 80, 95, 101, 127]  # in every quarter of the vocabulary
@@ -34,7 +36,7 @@ CASES = {
 # Each case on the mesh across whose hosts what it adds is summed: reweigh's number mass,
 # the Gaussian label and z-loss are sums over the vocabulary, which the second mesh splits
 # across the hosts; packing and per-sequence normalising read the batch's rows, which the
-# first splits. With NTL_JAX_LONG_TESTS=1 (pytest --long): every case on both meshes.
+# first splits. With pytest --long: every case on both meshes.
 CASES_ON = {"batch_across_hosts": ("was", "number_level-packed"),
             "vocab_across_hosts": ("was", "mse-gce-reweigh-z")}
 
@@ -175,7 +177,7 @@ def main(argv=None) -> int:
         # What this host fed in: its rows of the batch.
         results[f"{mesh_name}/local_rows"] = np.array(sorted(
             {i for s in on_mesh["targets"].addressable_shards for i in range(B)[s.index[0]]}))
-        for case in cases_on(mesh_name, os.environ.get("NTL_JAX_LONG_TESTS") == "1"):
+        for case in cases_on(mesh_name, long_run()):
             for name, f in functions(number_tokens(), CASES[case], mesh).items():
                 for key, value in flat(*f(on_mesh)).items():
                     results[f"{mesh_name}/{case}/{name}/{key}"] = multihost_utils.process_allgather(value, tiled=True)

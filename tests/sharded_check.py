@@ -16,13 +16,14 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P
 
 import ntl_jax  # noqa: E402
+from tests.grid import long_run  # noqa: E402
 
 PIECES = ["<pad>", "</s>", "."] + list("0123456789") + [f"w{i}" for i in range(19)]  # 32 tokens
 NT = ntl_jax.NumberTokens.from_pieces(PIECES)
 KINDS = list(ntl_jax._core.losses.KINDS)
 # Every variant over batch + vocabulary, reweighed or not in turn (reweigh's number mass is
 # one more sum over the vocabulary, the same for every variant); over the batch alone and
-# the vocabulary alone these two. With NTL_JAX_LONG_TESTS=1 (pytest --long): every variant
+# the vocabulary alone these two. With pytest --long: every variant
 # with and without reweigh over every layout.
 ON_ONE_AXIS = ("was", "number_level")
 
@@ -45,7 +46,7 @@ def main() -> int:
         "batch+vocab": (Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model")),
                         P("data", None, "model"), P("data", None)),
     }
-    every_layout = os.environ.get("NTL_JAX_LONG_TESTS") == "1"
+    every_layout = long_run()
     checked = 0
     for i, kind in enumerate(KINDS):
         for reweigh in (False, True) if every_layout else (i % 2 == 1,):

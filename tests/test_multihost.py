@@ -19,7 +19,7 @@ import pytest
 
 from tests import multihost_check as check
 from tests import xla_flags
-from tests.grid import LONG
+from tests.grid import LONG, long_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROCESSES = 2
@@ -44,7 +44,7 @@ def run_processes(out: pathlib.Path, count: int, *, timeout: float, join_timeout
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
                TPU_ACCELERATOR_TYPE=os.environ.get("TPU_ACCELERATOR_TYPE", "v5litepod-4"))
     env["XLA_FLAGS"] = xla_flags.with_fast_compile()
-    env["NTL_JAX_LONG_TESTS"] = "1" if every_case else "0"
+    env.update(long_env(every_case))
     logs = [out / f"stderr_{i}.txt" for i in range(count)]
     procs = []
     try:

@@ -4,13 +4,14 @@ import subprocess
 import sys
 
 import ntl_jax
+from tests.grid import long_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_sharded_on_batch_and_vocab_equals_unsharded(request):
     long = request.config.getoption("--long")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), NTL_JAX_LONG_TESTS="1" if long else "0")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), **long_env(long))
     result = subprocess.run([sys.executable, str(ROOT / "tests" / "sharded_check.py")], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tests import xla_flags
+from tests.grid import long_env
 from tests.objective_options import OPTIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def results(request):
     assert not unknown, f"NTL_JAX_VOCAB_PARALLEL_CHECKS names no check {sorted(unknown)}; the checks: {list(CHECKS)}"
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     env["XLA_FLAGS"] = xla_flags.with_fast_compile()
-    env["NTL_JAX_LONG_TESTS"] = "1" if request.config.getoption("--long") else "0"
+    env.update(long_env(request.config.getoption("--long")))
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "vocab_parallel_check.py"), *checks], env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-5000:]

@@ -22,6 +22,7 @@ from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl  # noqa: E402
 from ntl_jax._core.fused import fused_head_stats  # noqa: E402
 from ntl_jax._core.options import Options  # noqa: E402
 from ntl_jax._core.vocab_parallel import vocab_shards  # noqa: E402
+from tests.grid import long_run  # noqa: E402
 from tests.objective_options import FACTORS, OPTIONS  # noqa: E402
 
 # 128 ids; the digits sit in every quarter (and every half) of the vocabulary, "." too.
@@ -88,14 +89,14 @@ def report(**fields):
     print(json.dumps(fields), flush=True)
 
 
-# The option sets run over 8 shards (of 16 columns each), and over 2 shards unless
-# NTL_JAX_LONG_TESTS=1 (pytest --long): every one runs over 4.
+# These option sets run over 8 shards (of 16 columns each) and over 2, every one over 4;
+# with pytest --long every one over 2 as well.
 A_FEW = ("was-reweigh", "number_level_float-reweigh", "smoothing-z")
 
 
 def check_equal_to_one_device():
     hidden, kernel, targets, weights, packed = inputs()
-    every_count = os.environ.get("NTL_JAX_LONG_TESTS") == "1"
+    every_count = long_run()
     one_device, one_chunk = {}, {}
     for shards in (2, 4, 8):
         mesh = mesh_of(8 // shards, shards)
@@ -107,7 +108,7 @@ def check_equal_to_one_device():
             want = one_device[name]
             got = value_and_grads(mesh, hidden, kernel, targets, weights, **options)
             report(check="variant", shards=shards, name=name, error=worst_relative_error(want, got))
-        # Each factor packed or not in turn (NTL_JAX_LONG_TESTS=1: both).
+        # Each factor packed or not in turn (pytest --long: both).
         for i, factor in enumerate(FACTORS if shards == 4 else ()):
             for segments in ({}, packed) if every_count else (packed if i % 2 else {},):
                 options = dict(loss_normalizing_factor=factor, reweigh=True, **segments)
