@@ -843,14 +843,13 @@ def train_step(loss_fn, optimizer):
     return step
 
 
-def train_step_rows(losses=None, layers=None, log=None) -> list[dict]:
+def train_step_rows(losses=None, layers=GPT["layers"], log=None) -> list[dict]:
     """Bytes per step of the GPT-2-small-like train step with each loss (the first is
     the reference; params and optimizer state donated, as in training)."""
     import jax
     import jax.numpy as jnp
     import optax
 
-    layers = GPT["layers"] if layers is None else layers
     optimizer = optax.adamw(1e-4, weight_decay=0.1)
     init = functools.partial(gpt_init, layers=layers, d=GPT["d_model"], vocab=GPT["vocab"], length=GPT["length"])
     params = jax.eval_shape(init, jax.random.key(0))
@@ -987,7 +986,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_tables(tables, vocabs, dtypes, quick, hbm, jobs, children, log, layers=None):
+def _run_tables(tables, vocabs, dtypes, quick, hbm, jobs, children, log, layers=GPT["layers"]):
     """`(rows, loop checks)` of the tables; the subprocesses started go to `children`."""
     fused_settings = ("none (CE only)", "was") if quick else tuple(FUSED_SETTINGS)
     parallel_settings = ("was",)
@@ -1004,7 +1003,7 @@ def _run_tables(tables, vocabs, dtypes, quick, hbm, jobs, children, log, layers=
         handle, train_out = tempfile.mkstemp(prefix="tpu_cost_train_step_", suffix=".json")
         os.close(handle)
         train_child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--tables", "train_step",
-                                        "--vocabs", "t5", "--layers", str(GPT["layers"] if layers is None else layers),
+                                        "--vocabs", "t5", "--layers", str(layers),
                                         "--out", train_out], stdout=subprocess.DEVNULL)
         children.append(train_child)
         tables = [t for t in tables if t != "train_step"]
