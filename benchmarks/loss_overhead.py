@@ -55,11 +55,19 @@ temporaries - aliased), reported as a ratio vs the table's reference.
 
 `--vocab llama3` swaps T5's ten digits for a LLaMA-3-like table (`vocabularies.py`):
 vocabulary 128,256 with the 1,110 number pieces 0-999, 00-09 and 000-099 at scattered ids.
+
+On a GPU, `--calls 10` queues ten steps per timed sample (dispatch would weigh in on one),
+`--hbm-floor` times reading the logits and writing as much beside the variants, and
+`--formulations all` compiles each NTL variant in each formulation of the number
+statistics (ntl_jax/_core/number_stats.py):
+
+    python benchmarks/loss_overhead.py --shapes 8x1024x32128 --formulations all --hbm-floor --calls 10 --no-ntloss
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -77,6 +85,7 @@ from vocabularies import VOCABS, llama3_number_tokens, llama3_pieces, sample_tar
 
 KINDS = ("was", "mse", "mae", "huber", "number_level")
 USAGES = ("objective", "standalone")
+HBM_FLOOR = "read + write the logits"
 DEFAULT_SHAPES = "8x64x32128,32x128x32128"
 QUICK_SHAPES = "2x8x64"
 LLAMA3_SHAPES = "4x128x128256,8x128x128256"
@@ -123,6 +132,22 @@ def hf_tokenizer(pieces: list[str]):
 
     tok = Tokenizer(models.WordLevel({p: i for i, p in enumerate(pieces)}, unk_token="<unk>"))
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>")
+
+
+def parse_formulations(text: str) -> tuple:
+    """`(None,)` for "backend" (each backend's own), else the formulations named."""
+    from ntl_jax._core.number_stats import FORMULATIONS
+
+    if text == "backend":
+        return (None,)
+    if text == "all":
+        return FORMULATIONS
+    names = tuple(f.strip() for f in text.split(","))
+    for name in names:
+        if name not in FORMULATIONS:
+            raise ValueError(f"expected --formulations backend, all or names from {', '.join(FORMULATIONS)}, "
+                             f"got {name!r}")
+    return names
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:
@@ -306,8 +331,11 @@ def torch_variants(tokenizer, kinds=KINDS) -> dict[str, Callable]:
 
 @dataclass
 class Runner:
+    """`call` runs the step `calls` times and waits for the last; `times` are per step."""
+
     name: str
     call: Callable[[], object]
+    calls: int = 1
     times: list[float] = field(default_factory=list)
     error: str | None = None
 
@@ -320,7 +348,7 @@ class Runner:
         except Exception as exc:  # a framework refusing a dtype: report it, keep going
             self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
             return
-        self.times.append(time.perf_counter() - start)
+        self.times.append((time.perf_counter() - start) / self.calls)
 
 
 def round_ratios(num: Runner, den: Runner) -> list[float] | None:
@@ -375,9 +403,12 @@ PREFIX = {"objective": "jax", "standalone": "std"}
 
 
 def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, usages=("objective",),
-                   vocab_kind="t5", kinds=KINDS, floors=False):
-    """Runners ("jax:<name>", "std:<name>", "ntloss:<name>") timed interleaved, peak bytes
-    of the JAX ones (same keys) and the number of rounds."""
+                   vocab_kind="t5", kinds=KINDS, floors=False, formulations=(None,), calls=1, hbm_floor=False):
+    """Runners ("jax:<name>", "std:<name>", "ntloss:<name>", and with `hbm_floor`
+    "hbm_floor") timed interleaved, peak bytes of the JAX ones (same keys) and the number
+    of rounds. Each NTL variant is compiled once per entry of `formulations` (None: the
+    backend's own; "columns", "reductions": that one, named "<variant> [<formulation>]");
+    each timed sample runs a step `calls` times and waits for the last."""
     import jax
     import jax.numpy as jnp
 
@@ -397,14 +428,22 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, 
                     else standalone_variants(number_tokens, kinds, floors))
         args = (logits, targets) if usage == "objective" else (logits, targets, weights)
         for name, fn in variants.items():
-            lowered[f"{PREFIX[usage]}:{name}"] = (name, lowered_step(fn, *args), args)
+            for formulation in formulations if is_ntl_variant(name) else (None,):
+                named = name if formulation is None else f"{name} [{formulation}]"
+                with forced_formulation(formulation):
+                    lowered[f"{PREFIX[usage]}:{named}"] = (named, lowered_step(fn, *args), args)
     # XLA compiles outside the GIL: a thread per CPU shortens the (untimed) compile phase.
     workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     with ThreadPoolExecutor(max(1, workers)) as pool:
         compiled = dict(zip(lowered, pool.map(compile_lowered, [low for _, low, _ in lowered.values()])))
     for key, (name, _, args) in lowered.items():
         step, peaks[key] = compiled[key]
-        runners[key] = Runner(name, lambda c=step, a=args: jax.block_until_ready(c(*a)))
+        runners[key] = Runner(name, repeated(lambda c=step, a=args: c(*a), calls, jax.block_until_ready), calls)
+    if hbm_floor:
+        # Reads the logits once and writes as much: what any gradient on them moves at least.
+        negate = jax.jit(jnp.negative).lower(logits).compile()
+        runners["hbm_floor"] = Runner(HBM_FLOOR, repeated(lambda: negate(logits), calls, jax.block_until_ready),
+                                      calls)
     log(f"  compiled {len(peaks)} JAX variants in {time.perf_counter() - compile_start:.1f}s")
 
     if with_ntloss:
@@ -412,8 +451,15 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, 
 
         tokenizer = hf_tokenizer(pieces)
         tdtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-        t_logits = torch.from_numpy(logits_np).to(tdtype).requires_grad_(True)
-        t_labels = torch.from_numpy(targets_np)
+        # On a GPU torch runs on it too (its own memory: see --calls' help on preallocation).
+        device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+        t_logits = torch.from_numpy(logits_np).to(device, tdtype).requires_grad_(True)
+        t_labels = torch.from_numpy(targets_np).to(device)
+
+        def wait(result):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return result
 
         def torch_call(fn):
             def call():
@@ -421,13 +467,46 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, 
                 fn(t_logits, t_labels).backward()
                 return t_logits.grad
 
-            return call
+            return repeated(call, calls, wait)
 
         for name, fn in torch_variants(tokenizer, kinds).items():
-            runners["ntloss:" + name] = Runner(name, torch_call(fn))
+            runners["ntloss:" + name] = Runner(name, torch_call(fn), calls)
 
     repeats = interleave(runners, repeats, budget_s, log)
     return runners, peaks, repeats
+
+
+def is_ntl_variant(name: str) -> bool:
+    """Whether a variant computes NTL (so its number statistics have a formulation)."""
+    return name.split(" ")[0] in {kind + suffix for kind in KINDS for suffix in ("", "+rw")}
+
+
+def base_variant(name: str) -> str:
+    """A variant's name without its " [<formulation>]"."""
+    return name.split(" [")[0]
+
+
+@contextlib.contextmanager
+def forced_formulation(formulation):
+    """Traces inside use that formulation of the number statistics on every backend
+    (`ntl_jax/_core/number_stats.py`); None leaves each backend its own."""
+    from ntl_jax._core import number_stats
+
+    saved, number_stats._FORCE = number_stats._FORCE, formulation
+    try:
+        yield
+    finally:
+        number_stats._FORCE = saved
+
+
+def repeated(step, calls, wait):
+    """A call that runs `step` `calls` times (queued, on an accelerator) and `wait`s for the last."""
+    def call():
+        for _ in range(calls - 1):
+            step()
+        return wait(step())
+
+    return call
 
 
 def interleave(runners: dict[str, Runner], repeats, budget_s, log) -> int:
@@ -459,6 +538,7 @@ def table_rows(usage, runners, peaks, repeats) -> list[dict]:
     prefix = PREFIX[usage]
     ref_key = f"{prefix}:" + ("ce" if usage == "objective" else "optax_ce")
     ref, ref_peak = runners[ref_key], peaks[ref_key]
+    floor = runners.get("hbm_floor")
     rows = []
     for key, runner in runners.items():
         if not key.startswith(prefix + ":"):
@@ -477,7 +557,11 @@ def table_rows(usage, runners, peaks, repeats) -> list[dict]:
             "rounds": repeats,
             "error": runner.error,
         }
-        other = runners.get("ntloss:" + runner.name) if usage == "objective" else None
+        if floor is not None:
+            row["hbm_floor_ratio"] = median_ratio(runner, floor)
+            row["hbm_floor_ratio_ci95"] = ratio_interval(runner, floor)
+            row["hbm_floor_ms"] = statistics.median(floor.times) * 1e3 if floor.times else None
+        other = runners.get("ntloss:" + base_variant(runner.name)) if usage == "objective" else None
         if other is not None:
             row["torch_ntloss_ms"] = statistics.median(other.times) * 1e3 if other.times else None
             row["torch_ntloss_vs_ntl_jax"] = median_ratio(other, runner)
@@ -495,6 +579,9 @@ def format_table(shape, dtype_name, runners, peaks, repeats, usage="objective") 
     else:
         title = f"### optax CE + standalone loss: logits {list(shape)} {dtype_name} ({repeats} rounds)"
         header = ["variant", "time / optax CE", "95% interval", "median ms", "peak mem / optax CE", "peak MiB"]
+    with_floor = "hbm_floor" in runners
+    if with_floor:
+        header += ["time / HBM floor"]
     if with_torch:
         header += ["torch(+ntloss) ms", "torch(+ntloss) / ntl_jax"]
     lines = [
@@ -513,6 +600,8 @@ def format_table(shape, dtype_name, runners, peaks, repeats, usage="objective") 
             "n/a" if row["peak_ratio"] is None else f"{row['peak_ratio']:.3f}",
             "n/a" if peak is None else f"{peak / 2**20:.1f}",
         ]
+        if with_floor:
+            cells.append("—" if row["hbm_floor_ratio"] is None else f"{row['hbm_floor_ratio']:.2f}")
         if with_torch:
             if "torch_ntloss_ms" not in row:
                 cells += ["—", "—"]
@@ -565,6 +654,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--floors", action="store_true",
                         help="standalone table: also time two lower bounds for any NTL gradient "
                              "(NTL's value without its gradient; a one-select gradient)")
+    parser.add_argument("--formulations", default="backend",
+                        help="backend (default): each NTL variant as this backend computes its number "
+                             "statistics; all, or a comma-separated list from columns, gathered, reductions "
+                             "(ntl_jax/_core/number_stats.py): each variant once in each, named "
+                             "'<variant> [<formulation>]'")
+    parser.add_argument("--calls", type=int, default=1,
+                        help="steps per timed sample, queued before waiting for the last (default 1); on a "
+                             "GPU 10 or more, so a sample outlasts the dispatch. With torch + ntloss on the "
+                             "same GPU, set XLA_PYTHON_CLIENT_PREALLOCATE=false so JAX leaves torch memory")
+    parser.add_argument("--hbm-floor", action="store_true",
+                        help="also time reading the logits and writing as much (jnp.negative), the least "
+                             "any gradient on them moves, and give every variant's time over it")
     parser.add_argument("--no-ntloss", action="store_true", help="skip the torch + ntloss comparison")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: the CPUs this process may use)")
@@ -591,6 +692,14 @@ def run(argv=None) -> int:
     if args.repeats is not None and args.repeats < 1:
         print(f"error: expected --repeats >= 1, got {args.repeats}", file=sys.stderr)
         return 2
+    if args.calls < 1:
+        print(f"error: expected --calls >= 1, got {args.calls}", file=sys.stderr)
+        return 2
+    try:
+        formulations = parse_formulations(args.formulations)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     import jax
 
@@ -610,8 +719,19 @@ def run(argv=None) -> int:
     print(f"- date: {date}")
     load_start = os.getloadavg()[0]
     print(f"- machine: {machine}, load average {load_start:.2f} at start")
-    print(f"- jax {jax.__version__} on {jax.devices()[0].platform} "
+    device = jax.devices()[0]
+    print(f"- jax {jax.__version__} on {device.platform} ({device.device_kind}) "
           f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
+    if args.calls > 1:
+        print(f"- each timed sample: {args.calls} steps queued, then a wait for the last; times are per step")
+    if formulations != (None,):
+        print("- `[<formulation>]`: how the number statistics are computed (ntl_jax/_core/number_stats.py):"
+              " `columns`, from the number columns, their gradient scattered back; `gathered`, the same,"
+              " their gradient gathered back through a [vocab] slot map; `reductions`, by masked reductions"
+              " over the vocabulary")
+    if args.hbm_floor:
+        print("- time / HBM floor: over reading the logits and writing as much (jnp.negative), timed in the"
+              " same rounds: the least any gradient on the logits moves")
     if with_ntloss:
         import ntloss
         import torch
@@ -658,7 +778,7 @@ def run(argv=None) -> int:
             log(f"logits {list(shape)} {dtype_name}")
             runners, peaks, repeats = measure_config(
                 shape, dtype_name, repeats, with_ntloss and dtype_name in ntloss_dtypes, log, args.budget,
-                usages, args.vocab, kinds, args.floors)
+                usages, args.vocab, kinds, args.floors, formulations, args.calls, args.hbm_floor)
             for usage in usages:
                 print(format_table(shape, dtype_name, runners, peaks, repeats, usage) + "\n", flush=True)
                 rows += [{"shape": "x".join(map(str, shape)), "dtype": dtype_name, "vocab": args.vocab, **row,
@@ -666,7 +786,8 @@ def run(argv=None) -> int:
                          for row in table_rows(usage, runners, peaks, repeats)]
     if args.out:
         # date / jax / machine also in every row, so files of split runs can be merged.
-        payload = {"date": date, "jax": jax.__version__, "device": jax.devices()[0].platform,
+        payload = {"date": date, "jax": jax.__version__, "device": device.platform,
+                   "device_kind": device.device_kind, "calls": args.calls, "formulations": args.formulations,
                    "machine": machine, "vocab": args.vocab, "load_average": [load_start, os.getloadavg()[0]],
                    "command": " ".join(["python", "benchmarks/loss_overhead.py", *command]),
                    "ntl_weight": NTL_WEIGHT, "digit_share": DIGIT_SHARE,

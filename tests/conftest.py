@@ -1,9 +1,9 @@
 """The formulation of the number statistics the tests run (`ntl_jax._core.number_stats`).
 
-Each backend takes its own (columns on the CPU, masked reductions elsewhere); with
-`NTL_JAX_FORMULATION=columns` or `reductions` every test runs the one named, on every
-backend, so the CPU checks both (`.ci/run` runs the numerical tests once more with the
-reductions). The `formulation` fixture runs a test with each in one session.
+Each backend takes its own (columns on the CPU, masked reductions elsewhere); with `NTL_JAX_FORMULATION=columns`, `gathered` or `reductions` every test runs
+the one named, on every backend, so the CPU checks each (`.ci/run` runs the numerical
+tests once more with each of the other two). The `formulation` fixture runs a test with
+each in one session.
 """
 
 import os
@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 from ntl_jax._core import number_stats  # noqa: E402
 
-FORMULATIONS = ("columns", "reductions")
+FORMULATIONS = number_stats.FORMULATIONS
 _chosen = os.environ.get("NTL_JAX_FORMULATION") or None
 if _chosen not in (None,) + FORMULATIONS:
     raise ValueError(f"expected NTL_JAX_FORMULATION in {FORMULATIONS} or unset, got {_chosen!r}")

@@ -223,6 +223,41 @@ def test_quick_run_with_the_llama3_table(tmp_path):
         assert 0.999 < row["peak_ratio"] < 1.1, row
 
 
+def test_every_formulation_beside_the_hbm_floor(tmp_path):
+    """`--formulations all --hbm-floor --calls 2`: each NTL variant once per formulation of
+    the number statistics, named by it, and every row's time over the floor pass."""
+    from ntl_jax._core.number_stats import FORMULATIONS
+
+    out = tmp_path / "formulations.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--kinds", "was", "--dtypes", "bf16", "--repeats", "2",
+         "--formulations", "all", "--hbm-floor", "--calls", "2", "--no-ntloss", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "each timed sample: 2 steps queued, then a wait for the last" in result.stdout
+    ntl = [f"{variant} [{formulation}]" for variant in ("was", "was+rw") for formulation in FORMULATIONS]
+    tables = _tables(result.stdout)
+    objective = tables["### logits [2, 8, 64] bf16 (2 rounds)"]
+    assert list(objective) == ["ce", "ce (again)", "optax_ce"] + ntl
+    assert list(tables["### optax CE + standalone loss: logits [2, 8, 64] bf16 (2 rounds)"]) == (
+        ["optax_ce", "optax_ce (again)"] + ntl)
+    assert "| peak MiB | time / HBM floor |" in result.stdout
+    written = json.loads(out.read_text())
+    assert written["calls"] == 2 and written["formulations"] == "all"
+    assert [row["variant"] for row in written["rows"]] == list(objective) + ["optax_ce", "optax_ce (again)"] + ntl
+    for row in written["rows"]:
+        assert row["hbm_floor_ratio"] > 0 and row["hbm_floor_ms"] > 0 and row["rounds"] == 2
+
+
+def test_bad_formulations_or_calls_are_rejected():
+    for extra, message in ((["--formulations", "columns,colums"], "expected --formulations backend, all or names"),
+                           (["--calls", "0"], "expected --calls >= 1, got 0")):
+        result = subprocess.run([sys.executable, str(SCRIPT), *extra], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr, result.stderr
+
+
 def test_fused_loss_benchmark_runs_and_reports_less_memory(tmp_path):
     """benchmarks/fused_loss.py at small shapes: every variant timed, and the fused
     function's compiled temporaries at a chunk of a quarter of the vocabulary are under half

@@ -1,11 +1,11 @@
-"""What the NTL variants read from the logits, and the two ways the backends compute it.
+"""What the NTL variants read from the logits, and the three ways the backends compute it.
 
 Every variant is a function of a few statistics of `p`, the softmax over the number
 tokens only (`NumberStats`): its normaliser, the expected value `sum_j p_j v_j`, the
 expected distance to the target `sum_j p_j D(v_j, y)`, the expected distance in rank
 `sum_j p_j |r_j - r_t|` (NTL-WAS-CDF against a one-hot label, see `losses._was_cdf`), and
 for NTL-WAS-CDF against a smoothed label `p` itself.
-They are computed one of two ways, which give the same numbers (to float32 rounding)
+They are computed one of three ways, which give the same numbers (to float32 rounding)
 and differ only in what the compiled program moves:
 
 - **columns** (`from_columns`): take the `N` number-token columns and compute in
@@ -14,6 +14,11 @@ and differ only in what the compiled program moves:
   that CE does not pay for (1.6-2.8x CE's time), while gathering `N` columns is cheap
   and the float32 scatter adds into CE's own gradient buffer in place. The fused head
   has only the columns (`hidden @ kernel[:, ids]`), so it always takes this path.
+- **gathered**: the same columns, their gradient gathered back from `[batch, length, N]`
+  through a constant `[vocab]` map of each column's slot (`take_columns(...,
+  gradient="gather")`): elementwise over the logits, so XLA's GPU backend fuses it into
+  the cross-entropy's gradient, where the scatter is a kernel of its own that writes a
+  float32 `[batch, length, vocab]` buffer.
 - **reductions** (`from_reductions`): masked reductions over the whole vocabulary,
   which XLA fuses with the cross-entropy's own reductions over the same logits, and a
   gradient written in closed form, elementwise over `[batch, length, vocab]` from
@@ -23,8 +28,8 @@ and differ only in what the compiled program moves:
   measured with libtpu's compiler); this way NTL adds no pass at all.
 
 `number_stats` picks per backend with `jax.lax.platform_dependent`: columns on the CPU,
-reductions elsewhere. `_FORCE` (tests only) forces one of them on every backend, so the
-CPU runs every test against both.
+reductions elsewhere. `_FORCE` (tests and benchmarks) forces one of them on every
+backend, so the CPU runs every test against each.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ VALUE, DISTANCE, RANK_DISTANCE, PROBS = "value", "distance", "rank_distance", "p
 # per element of the logits; beyond this many number tokens it takes the columns with a
 # gather instead (and a scatter for the gradient, see above).
 _COLUMNS_BY_REDUCTION_MAX = 32
-# None: each backend's own formulation; "columns" or "reductions": that one everywhere.
+# None: each backend's own formulation; one of FORMULATIONS: that one everywhere.
+FORMULATIONS = ("columns", "gathered", "reductions")
 _FORCE: str | None = None
 
 
@@ -97,26 +103,35 @@ def number_stats(wide, keep, target_value, number_tokens: NumberTokens, *, reads
     options = dict(number_tokens=number_tokens, reads=tuple(reads), squash_factor=squash_factor,
                    target_rank=target_rank)
     columns = functools.partial(_from_widened_columns, **options)
+    gathered = functools.partial(_from_columns_gathered_back, **options)
     reductions = functools.partial(from_reductions, **options)
     if _FORCE == "columns":
         return columns(*args)
+    if _FORCE == "gathered":
+        return gathered(*args)
     if _FORCE == "reductions":
         return reductions(*args)
     return jax.lax.platform_dependent(*args, cpu=columns, default=reductions)
 
 
-def take_columns(wide, keep, number_tokens: NumberTokens, logits=None):
+def take_columns(wide, keep, number_tokens: NumberTokens, logits=None, *, gradient="scatter"):
     """The number tokens' logits, `[batch, length, N]` float32, 0 where `keep` is False
     (taken before any arithmetic, so nothing else of the logits is read).
 
     They are gathered from `logits`, the logits in their own dtype (default `wide`), and
     widened, which is exact: on the TPU, gathered from `wide`, 16-bit logits would first
     be written out widened in full (NTL-WAS-CDF with a GCE label, LLaMA-3-like table,
-    bf16: 2.65x optax CE's bytes against 2.14x). The gradient is with respect to `wide`
-    (`take`'s scatter), so it adds to the other logits gradients in float32 and is
-    rounded once."""
+    bf16: 2.65x optax CE's bytes against 2.14x). The gradient is with respect to `wide`,
+    so it adds to the other logits gradients in float32 and is rounded once; `gradient`
+    says how it reaches the logits' columns: `"scatter"` (`take`'s own) or `"gather"`
+    (the columns' gradient gathered through each column's slot, see the module
+    docstring)."""
     ids = jnp.asarray(number_tokens.ids)
-    if logits is None:  # nothing to widen: take's own derivative
+    if gradient == "gather":
+        source = wide if logits is None else logits
+        slots = _slots(number_tokens, wide.shape[-1])
+        columns = _take_gathered_back(wide, jax.lax.stop_gradient(source), ids, slots)
+    elif logits is None:  # nothing to widen: take's own derivative
         columns = jnp.take(wide, ids, axis=-1)
     else:
         columns = _take_widened(wide, jax.lax.stop_gradient(logits), ids)
@@ -132,6 +147,41 @@ def _take_widened(wide, logits, ids):
 def _take_widened_jvp(primals, tangents):
     wide, logits, ids = primals
     return _take_widened(wide, logits, ids), jnp.take(tangents[0], ids, axis=-1).astype(jnp.float32)
+
+
+@jax.custom_jvp
+def _take_gathered_back(wide, logits, ids, slots):
+    return jnp.take(logits, ids, axis=-1).astype(jnp.float32)
+
+
+@_take_gathered_back.defjvp
+def _take_gathered_back_jvp(primals, tangents):
+    # The tangent, the columns of the logits' tangent, written as a sum into slots (each
+    # number token's own, one more for all the other columns) so that its transpose, the
+    # gradient, is a gather from the columns' gradient through the constant `[vocab]`
+    # slot map: elementwise over the logits, where a scatter is a pass of its own.
+    wide, logits, ids, slots = primals
+    dwide = tangents[0]
+    n = ids.shape[0]
+    sums = jnp.zeros(dwide.shape[:-1] + (n + 1,), dwide.dtype).at[..., slots].add(dwide)
+    return _take_gathered_back(wide, logits, ids, slots), sums[..., :n].astype(jnp.float32)
+
+
+def _slots(number_tokens: NumberTokens, vocab: int):
+    """`[vocab]` int32: each number token's place in `number_tokens.ids`, N elsewhere."""
+    n = int(np.shape(number_tokens.ids)[0])
+    if _is_traced(number_tokens.ids):
+        return jnp.full((vocab,), n, jnp.int32).at[number_tokens.ids].set(jnp.arange(n, dtype=jnp.int32))
+    slots = np.full((vocab,), n, np.int32)
+    slots[np.asarray(number_tokens.ids)] = np.arange(n, dtype=np.int32)
+    return jnp.asarray(slots)
+
+
+def _from_columns_gathered_back(wide, keep, target_value, label, logits, **options):
+    # Gathered from the logits in their own dtype (as the TPU's formulation takes its
+    # columns), the widening fused into the gather.
+    columns = take_columns(wide, keep, options["number_tokens"], logits, gradient="gather")
+    return from_columns(columns, keep, target_value, label, **options)
 
 
 def _from_logits_by_columns(wide, keep, target_value, label, logits, **options):
