@@ -1,6 +1,7 @@
 """The formulation of the number statistics the tests run (`ntl_jax._core.number_stats`).
 
-Each backend takes its own (columns on the CPU, masked reductions elsewhere); with `NTL_JAX_FORMULATION=columns`, `gathered` or `reductions` every test runs
+Each backend takes its own (columns on the CPU, gathered on GPUs, masked reductions
+elsewhere); with `NTL_JAX_FORMULATION=columns`, `gathered` or `reductions` every test runs
 the one named, on every backend, so the CPU checks each (`.ci/run` runs the numerical
 tests once more with each of the other two). The `formulation` fixture runs a test with
 each in one session.

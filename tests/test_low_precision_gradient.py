@@ -144,9 +144,11 @@ def assert_forward_mode_and_hessian(f, low):
 
 @pytest.mark.parametrize("reweigh", [False, True])
 def test_each_platform_lowers_its_own_formulation(reweigh):
-    """Lowered for an accelerator (no device needed), the loss has no gather and its
-    gradient no scatter (masked reductions and an elementwise gradient); lowered for the
-    CPU, it is take's gather and scatter of the number columns."""
+    """Lowered for each platform (no device needed): for the TPU the loss has no gather
+    and its gradient no scatter (masked reductions and an elementwise gradient); for the
+    GPUs it gathers the number columns from the 16-bit logits and its gradient gathers
+    theirs back through the `[vocab]` slot map, with no scatter; for the CPU it is
+    take's gather and scatter of the number columns."""
     nt = scattered_table(512, 10)
     args = (jax.ShapeDtypeStruct((2, 4, 512), jnp.bfloat16), jax.ShapeDtypeStruct((2, 4), jnp.int32))
     grad = jax.jit(jax.grad(lambda lg, t: ntl_jax.ntl_was(lg, t, nt, reweigh=reweigh, reduction="sum")))
@@ -156,28 +158,31 @@ def test_each_platform_lowers_its_own_formulation(reweigh):
         text = jax.export.export(grad, platforms=[platform])(*args).mlir_module()
         return re.findall(rf'"stablehlo.{name}".*?-> (tensor<[^>]*>)', text, flags=re.S)
 
-    for platform in ("cuda", "tpu"):
-        assert ops(platform, "scatter") == [] and ops(platform, "gather") == []
+    assert ops("tpu", "scatter") == [] and ops("tpu", "gather") == []
+    for platform in ("cuda", "rocm"):
+        assert ops(platform, "scatter") == []
+        assert sorted(ops(platform, "gather")) == ["tensor<2x4x10xbf16>", "tensor<2x4x512xf32>"]
     assert ops("cpu", "scatter") == ["tensor<2x4x512xf32>"]
     assert ops("cpu", "gather") == ["tensor<2x4x10xf32>"]
 
 
 def test_number_columns_are_gathered_from_the_16_bit_logits():
     """NTL-WAS-CDF against a smoothed label reads every number token's column; beyond 32
-    of them the accelerators' formulation gathers them too, from the logits in their own
-    dtype (gathered from the widened logits, XLA writes all of them out in float32 first),
-    and scatters their gradient into the float32 one. (The CPU's gathers from the widened
-    logits, see `number_stats._from_widened_columns`.)"""
+    of them the TPU's formulation gathers them too, from the logits in their own dtype
+    (gathered from the widened logits, XLA writes all of them out in float32 first), and
+    scatters their gradient into the float32 one; the GPUs' gathers the gradient back.
+    (The CPU's gathers from the widened logits, see `number_stats._from_widened_columns`.)"""
     nt = scattered_table(512, 40)
     args = (jax.ShapeDtypeStruct((2, 4, 512), jnp.bfloat16), jax.ShapeDtypeStruct((2, 4), jnp.int32))
     grad = jax.jit(jax.grad(lambda lg, t: ntl_jax.cross_entropy_and_ntl(lg, t, nt, ntl_kind="was_cdf",
                                                                         gce_sigma=1.0)[0]))
-    for platform in ("cuda", "tpu"):
+    for platform, gradient_scatters in (("cuda", []), ("tpu", ["tensor<2x4x512xf32>"])):
         text = jax.export.export(grad, platforms=[platform])(*args).mlir_module()
         gathers = re.findall(r'"stablehlo.gather".*?-> (tensor<[^>]*>)', text, flags=re.S)
         assert "tensor<2x4x40xbf16>" in gathers and "tensor<2x4x40xf32>" not in gathers, (platform, gathers)
+        assert ("tensor<2x4x512xf32>" in gathers) == (platform == "cuda"), (platform, gathers)
         scatters = re.findall(r'"stablehlo.scatter".*?-> (tensor<[^>]*>)', text, flags=re.S)
-        assert scatters == ["tensor<2x4x512xf32>"], (platform, scatters)
+        assert scatters == gradient_scatters, (platform, scatters)
 
 
 @pytest.mark.parametrize("shift", [3.0, 17.5])

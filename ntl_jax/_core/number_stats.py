@@ -18,17 +18,21 @@ and differ only in what the compiled program moves:
   through a constant `[vocab]` map of each column's slot (`take_columns(...,
   gradient="gather")`): elementwise over the logits, so XLA's GPU backend fuses it into
   the cross-entropy's gradient, where the scatter is a kernel of its own that writes a
-  float32 `[batch, length, vocab]` buffer.
+  float32 `[batch, length, vocab]` buffer. With bf16 logits on an H200 the scatter took
+  CE + NTL-WAS to 1.70-2.17x CE's time and twice its memory, the gather 1.02-1.23x and no
+  more memory (float32: 1.01-1.27x against 1.01-1.16x; docs/performance.md).
 - **reductions** (`from_reductions`): masked reductions over the whole vocabulary,
   which XLA fuses with the cross-entropy's own reductions over the same logits, and a
   gradient written in closed form, elementwise over `[batch, length, vocab]` from
   per-position scalars and constant `[vocab]` tables, which fuses into the
   cross-entropy's gradient. On the TPU a gather of columns, or the scatter of their
   gradient, is a pass over the logits of its own (1.35-2.8x optax CE's bytes,
-  measured with libtpu's compiler); this way NTL adds no pass at all.
+  measured with libtpu's compiler); this way NTL adds no pass at all. (On the GPU these
+  reductions do not fuse into CE's: 1.3-2.9x optax CE's time.)
 
 `number_stats` picks per backend with `jax.lax.platform_dependent`: columns on the CPU,
-reductions elsewhere. `_FORCE` (tests and benchmarks) forces one of them on every
+gathered on GPUs (measured on CUDA; ROCm runs the same XLA GPU compiler), reductions
+elsewhere (the TPU). `_FORCE` (tests and benchmarks) forces one of them on every
 backend, so the CPU runs every test against each.
 """
 
@@ -111,7 +115,7 @@ def number_stats(wide, keep, target_value, number_tokens: NumberTokens, *, reads
         return gathered(*args)
     if _FORCE == "reductions":
         return reductions(*args)
-    return jax.lax.platform_dependent(*args, cpu=columns, default=reductions)
+    return jax.lax.platform_dependent(*args, cpu=columns, cuda=gathered, rocm=gathered, default=reductions)
 
 
 def take_columns(wide, keep, number_tokens: NumberTokens, logits=None, *, gradient="scatter"):
@@ -178,8 +182,8 @@ def _slots(number_tokens: NumberTokens, vocab: int):
 
 
 def _from_columns_gathered_back(wide, keep, target_value, label, logits, **options):
-    # Gathered from the logits in their own dtype (as the TPU's formulation takes its
-    # columns), the widening fused into the gather.
+    # The GPU's formulation: gathered from the logits in their own dtype (as the TPU's
+    # takes its columns), the widening fused into the gather.
     columns = take_columns(wide, keep, options["number_tokens"], logits, gradient="gather")
     return from_columns(columns, keep, target_value, label, **options)
 
