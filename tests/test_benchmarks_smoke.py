@@ -1,7 +1,8 @@
 """Smoke test of benchmarks/loss_overhead.py: its --quick mode prints both full tables
 (the cross_entropy_and_ntl objective and optax CE + the standalone losses) and writes them
 as JSON, on T5's digits and on the LLaMA-3-like table (`--vocab llama3`); the same for
-benchmarks/fused_loss.py, and the LLaMA-3-like table itself against its definition.
+benchmarks/fused_loss.py and benchmarks/train_step_gpt.py, and the LLaMA-3-like table
+itself against its definition.
 
 Times are not checked (no timing asserts); the peak-memory ratio of the reference rows is.
 """
@@ -256,6 +257,29 @@ def test_bad_formulations_or_calls_are_rejected():
         result = subprocess.run([sys.executable, str(SCRIPT), *extra], capture_output=True, text=True, timeout=120)
         assert result.returncode == 2, result.stderr
         assert message in result.stderr, result.stderr
+
+
+def test_train_step_benchmark_times_each_loss(tmp_path):
+    """benchmarks/train_step_gpt.py at one layer and 64 tokens: a row per loss (and the
+    reference again), written to JSON; a bad size is refused."""
+    out = tmp_path / "step.json"
+    script = SCRIPT.parent / "train_step_gpt.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--layers", "1", "--batch", "1", "--length", "64", "--rounds", "2",
+         "--steps", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    variants = ["optax CE", "optax CE (again)", "optax CE + 0.3 ntl_was", "cross_entropy_and_ntl"]
+    assert "| loss | ms / step | time / optax CE | 95% interval |" in result.stdout
+    written = json.loads(out.read_text())
+    assert [row["variant"] for row in written["rows"]] == variants
+    assert written["layers"] == 1 and written["length"] == 64 and written["rounds"] == 2
+    assert written["rows"][0]["time_ratio"] == 1.0
+    assert all(row["median_ms"] > 0 and row["time_ratio"] > 0 for row in written["rows"])
+    refused = subprocess.run([sys.executable, str(script), "--length", "0"], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and "expected --length >= 1, got 0" in refused.stderr
 
 
 def test_fused_loss_benchmark_runs_and_reports_less_memory(tmp_path):
