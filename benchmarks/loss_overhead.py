@@ -407,7 +407,8 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, 
     """Runners ("jax:<name>", "std:<name>", "ntloss:<name>", and with `hbm_floor`
     "hbm_floor") timed interleaved, peak bytes of the JAX ones (same keys) and the number
     of rounds. Each NTL variant is compiled once per entry of `formulations` (None: the
-    backend's own; "columns", "reductions": that one, named "<variant> [<formulation>]");
+    backend's own; a name from `number_stats.FORMULATIONS`: that one, named "<variant>
+    [<formulation>]");
     each timed sample runs a step `calls` times and waits for the last."""
     import jax
     import jax.numpy as jnp
