@@ -28,7 +28,7 @@ and differ only in what the compiled program moves:
   cross-entropy's gradient. On the TPU a gather of columns, or the scatter of their
   gradient, is a pass over the logits of its own (1.35-2.8x optax CE's bytes,
   measured with libtpu's compiler); this way NTL adds no pass at all. (On the GPU these
-  reductions do not fuse into CE's: 1.3-2.9x optax CE's time.)
+  reductions do not fuse into CE's: 1.3-2.9x CE's time.)
 
 `number_stats` picks per backend with `jax.lax.platform_dependent`: columns on the CPU,
 gathered on GPUs (measured on CUDA; ROCm runs the same XLA GPU compiler), reductions
