@@ -17,8 +17,8 @@ and differ only in what the compiled program moves:
 - **gathered**: the same columns, their gradient gathered back from `[batch, length, N]`
   through a constant `[vocab]` map of each column's slot (`take_columns(...,
   gradient="gather")`): elementwise over the logits, so XLA's GPU backend fuses it into
-  the cross-entropy's gradient, where the scatter is a kernel of its own that writes a
-  float32 `[batch, length, vocab]` buffer. With bf16 logits on an H200 the scatter took
+  the cross-entropy's gradient, where the scatter writes a float32 `[batch, length,
+  vocab]` buffer of its own. With bf16 logits on an H200 the scatter took
   CE + NTL-WAS to 1.70-2.17x CE's time and twice its memory, the gather 1.02-1.23x and no
   more memory (float32: 1.01-1.27x against 1.01-1.16x; docs/performance.md).
 - **reductions** (`from_reductions`): masked reductions over the whole vocabulary,
