@@ -131,44 +131,33 @@ def take_columns(wide, keep, number_tokens: NumberTokens, logits=None, *, gradie
     (the columns' gradient gathered through each column's slot, see the module
     docstring)."""
     ids = jnp.asarray(number_tokens.ids)
-    if gradient == "gather":
-        source = wide if logits is None else logits
-        slots = _slots(number_tokens, wide.shape[-1])
-        columns = _take_gathered_back(wide, jax.lax.stop_gradient(source), ids, slots)
-    elif logits is None:  # nothing to widen: take's own derivative
+    if logits is None and gradient == "scatter":  # nothing to widen: take's own derivative
         columns = jnp.take(wide, ids, axis=-1)
     else:
-        columns = _take_widened(wide, jax.lax.stop_gradient(logits), ids)
+        slots = _slots(number_tokens, wide.shape[-1]) if gradient == "gather" else None
+        source = wide if logits is None else logits
+        columns = _take_widened(wide, jax.lax.stop_gradient(source), ids, slots)
     return jnp.where(keep[..., None], columns, 0.0)
 
 
 @jax.custom_jvp
-def _take_widened(wide, logits, ids):
+def _take_widened(wide, logits, ids, slots):
     return jnp.take(logits, ids, axis=-1).astype(jnp.float32)
 
 
 @_take_widened.defjvp
 def _take_widened_jvp(primals, tangents):
-    wide, logits, ids = primals
-    return _take_widened(wide, logits, ids), jnp.take(tangents[0], ids, axis=-1).astype(jnp.float32)
-
-
-@jax.custom_jvp
-def _take_gathered_back(wide, logits, ids, slots):
-    return jnp.take(logits, ids, axis=-1).astype(jnp.float32)
-
-
-@_take_gathered_back.defjvp
-def _take_gathered_back_jvp(primals, tangents):
-    # The tangent, the columns of the logits' tangent, written as a sum into slots (each
-    # number token's own, one more for all the other columns) so that its transpose, the
-    # gradient, is a gather from the columns' gradient through the constant `[vocab]`
-    # slot map: elementwise over the logits, where a scatter is a pass of its own.
     wide, logits, ids, slots = primals
     dwide = tangents[0]
+    if slots is None:  # take's: its transpose is a scatter
+        return _take_widened(wide, logits, ids, slots), jnp.take(dwide, ids, axis=-1).astype(jnp.float32)
+    # The columns of the logits' tangent written as a sum into slots (each number token's
+    # own, one more for all the other columns), so that its transpose, the gradient, is a
+    # gather from the columns' gradient through the constant `[vocab]` slot map:
+    # elementwise over the logits, where a scatter is a pass of its own.
     n = ids.shape[0]
     sums = jnp.zeros(dwide.shape[:-1] + (n + 1,), dwide.dtype).at[..., slots].add(dwide)
-    return _take_gathered_back(wide, logits, ids, slots), sums[..., :n].astype(jnp.float32)
+    return _take_widened(wide, logits, ids, slots), sums[..., :n].astype(jnp.float32)
 
 
 def _slots(number_tokens: NumberTokens, vocab: int):
