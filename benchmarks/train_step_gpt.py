@@ -4,10 +4,11 @@ The step is the one `tpu_cost.py` compiles for a TPU v5e and reads the bytes of 
 section 5): a GPT-2-small-like decoder (12 layers, d 768, 12 heads, bf16, the softmax in
 float32, tied embedding, remat per layer), T5's 32,128-piece vocabulary with the digits
 as number tokens, AdamW, parameters and optimizer state donated; its losses are optax's
-CE, optax's CE + 0.3 x `ntl_was`, and `cross_entropy_and_ntl`. Here each is timed: every
+CE, optax's CE + 0.3 x `ntl_was`, and `cross_entropy_and_ntl`. Here each is timed with
+`loss_overhead.py`'s interleaved rounds: after an untimed round that compiles them, every
 round runs `--steps` steps of each variant in a fresh random order, and each row gives
 the median time per step and the median over rounds of its ratio to optax CE's step in
-the same round, with a distribution-free 95% interval (`loss_overhead.median_interval`).
+the same round, with a distribution-free 95% interval.
 `optax CE (again)` is the reference compiled and timed a second time: its ratio is the
 machine's noise.
 
@@ -22,11 +23,10 @@ import datetime
 import json
 import statistics
 import sys
-import time
 
 import numpy as np
 import tpu_cost
-from loss_overhead import MASKED_SHARE, median_interval
+from loss_overhead import MASKED_SHARE, Runner, interleave, median_ratio, ratio_interval
 from vocabularies import sample_targets
 
 NUMBER_SHARE = 0.5  # of the targets, as in the other benchmarks
@@ -42,6 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=5, help="steps per variant per round")
     parser.add_argument("--out", default=None, metavar="FILE.json")
     return parser
+
+
+def stepper(step, params, optimizer, batch, steps):
+    """A call that runs `steps` train steps from its own copy of the parameters and
+    optimizer state (donated, then replaced by the step's) and waits for the last."""
+    import jax
+    import jax.numpy as jnp
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    state = [jax.tree.map(jnp.copy, params), optimizer.init(params)]
+
+    def call():
+        for _ in range(steps):
+            new_params, new_opt_state, loss = step(*state, *batch)
+            state[:] = new_params, new_opt_state
+        return jax.block_until_ready((state, loss))
+
+    return call
 
 
 def run(argv=None) -> int:
@@ -71,34 +89,19 @@ def run(argv=None) -> int:
     reference = next(iter(losses))
     losses = {reference: losses[reference], f"{reference} (again)": losses[reference],
               **{k: v for k, v in losses.items() if k != reference}}
-    states, steps = {}, {}
-    start = time.perf_counter()
-    for name, loss in losses.items():
-        steps[name] = jax.jit(tpu_cost.train_step(loss, optimizer), donate_argnums=(0, 1))
-        states[name] = (jax.tree.map(jnp.copy, params), optimizer.init(params))
-        for _ in range(2):  # compile and warm up
-            states[name] = steps[name](*states[name], *batch)[:2]
-        jax.block_until_ready(states[name])
-    print(f"compiled {len(steps)} steps in {time.perf_counter() - start:.1f}s", file=sys.stderr)
-
-    times = {name: [] for name in steps}
-    order = np.random.default_rng(1)
-    for _ in range(args.rounds):
-        for name in order.permutation(list(steps)):
-            state = states[name]
-            begin = time.perf_counter()
-            for _ in range(args.steps):
-                *state, loss = steps[name](*state, *batch)
-            jax.block_until_ready((state, loss))
-            times[name].append((time.perf_counter() - begin) / args.steps)
-            states[name] = tuple(state)
+    runners = {name: Runner(name, stepper(tpu_cost.train_step(loss, optimizer), params, optimizer, batch, args.steps),
+                            args.steps) for name, loss in losses.items()}
+    # The first round (untimed, `interleave`'s warm-up) compiles each step.
+    interleave(runners, args.rounds, None, lambda message: print(message, file=sys.stderr))
+    failed = {name: runner.error for name, runner in runners.items() if runner.error}
+    if failed:
+        print(f"error: steps failed: {failed}", file=sys.stderr)
+        return 1
 
     device = jax.devices()[0]
-    rows = []
-    for name, t in times.items():
-        ratios = [a / b for a, b in zip(t, times[reference])]
-        rows.append({"variant": name, "median_ms": 1e3 * statistics.median(t), "time_ratio": statistics.median(ratios),
-                     "time_ratio_ci95": median_interval(ratios)})
+    rows = [{"variant": name, "median_ms": 1e3 * statistics.median(runner.times),
+             "time_ratio": median_ratio(runner, runners[reference]),
+             "time_ratio_ci95": ratio_interval(runner, runners[reference])} for name, runner in runners.items()]
     print(f"## Train step, {args.layers} layers, batch {args.batch} x {args.length}, vocabulary {gpt['vocab']}: "
           f"{args.rounds} rounds x {args.steps} steps; jax {jax.__version__} on {device.platform} "
           f"({device.device_kind})\n")
