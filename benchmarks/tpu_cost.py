@@ -31,8 +31,9 @@ Tables (`--tables`, default all):
    respect to hidden `[B, L, D]` and kernel `[D, V]` (bf16; D = 512 at T5's shape, 2048
    at the LLaMA-3-like one), against its own CE-only setting (`ntl_kind="none"`).
 4. vocab-parallel: the fused head on `v5e:2x4` (mesh data 2 x model 4,
-   `vocab_axis="model"`): its all-gathers (none may gather kernel columns) and per-chip
-   memory against the one-chip fused head's.
+   `vocab_axis="model"`), with the hidden states' batch on `data`, and with their
+   sequence on `model` as well (`sequence_parallel=True`): its all-gathers (none may
+   gather kernel columns) and per-chip memory against the one-chip fused head's.
 5. train step: a GPT-2-small-like decoder (12 layers, d 768, 12 heads, V 32128, tied
    embedding, bf16 parameters and activations with the attention softmax in float32,
    `jax.checkpoint` per layer, AdamW; parameters and optimizer state donated), batch
@@ -596,11 +597,11 @@ FUSED_SETTINGS = {
 }
 
 
-def fused_loss(vocab: str, options: dict, mesh=None):
+def fused_loss(vocab: str, options: dict, mesh=None, sequence_parallel=False):
     import ntl_jax
 
     nt = number_tokens(vocab)
-    parallel = {"vocab_axis": "model", "mesh": mesh} if mesh is not None else {}
+    parallel = {"vocab_axis": "model", "mesh": mesh, "sequence_parallel": sequence_parallel} if mesh is not None else {}
 
     def loss(hidden, kernel, targets, weights):
         return ntl_jax.fused_cross_entropy_and_ntl(
@@ -610,9 +611,10 @@ def fused_loss(vocab: str, options: dict, mesh=None):
     return loss
 
 
-def fused_args(vocab: str, mesh=None):
+def fused_args(vocab: str, mesh=None, sequence_parallel=False):
     """(hidden, kernel, targets, weights): bf16 `[B, L, D]` and `[D, V]`; on `mesh`,
-    hidden, targets and weights sharded over `data`, the kernel's columns over `model`."""
+    hidden, targets and weights sharded over `data`, the kernel's columns over `model`,
+    and with `sequence_parallel` the hidden states' sequence over `model` too."""
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -620,23 +622,29 @@ def fused_args(vocab: str, mesh=None):
     b, l, v = SHAPES[vocab]
     d = D_MODEL[vocab]
     on = (lambda spec: NamedSharding(mesh, spec)) if mesh is not None else (lambda spec: None)
-    return (sds((b, l, d), jnp.bfloat16, on(P("data"))), sds((d, v), jnp.bfloat16, on(P(None, "model"))),
+    hidden = P("data", "model") if sequence_parallel else P("data")
+    return (sds((b, l, d), jnp.bfloat16, on(hidden)), sds((d, v), jnp.bfloat16, on(P(None, "model"))),
             sds((b, l), jnp.int32, on(P("data"))), sds((b, l), jnp.float32, on(P("data"))))
 
 
-LAYOUTS = ("one chip", "vocab-parallel", "automatic")
+LAYOUTS = ("one chip", "vocab-parallel", "sequence-parallel", "automatic")
+# The vocabulary-parallel table's layouts: what each holds on a chip's hidden states.
+PARALLEL_LAYOUTS = {"vocab-parallel": "batch on data", "sequence-parallel": "batch on data, sequence on model"}
 
 
 @functools.lru_cache(maxsize=None)
 def fused_cost(vocab: str, name: str, layout: str = "one chip", per_trip: bool = True) -> Cost:
     """The fused head's value and gradients (w.r.t. hidden and kernel) with setting
-    `name`: on one chip; vocabulary-parallel on the 2 x 4 mesh (`vocab_axis="model"`);
+    `name`: on one chip; vocabulary-parallel on the 2 x 4 mesh (`vocab_axis="model"`),
+    with the hidden states' sequence split over `model` too ("sequence-parallel") or not;
     or on that mesh with the same shardings left to XLA's partitioner ("automatic")."""
     if layout not in LAYOUTS:
         raise ValueError(f"expected layout in {LAYOUTS}, got {layout!r}")
     mesh = None if layout == "one chip" else mesh_of()
-    fn = jax_vg(fused_loss(vocab, FUSED_SETTINGS[name], mesh if layout == "vocab-parallel" else None), (0, 1))
-    return measure(fn, fused_args(vocab, mesh), per_trip=per_trip)
+    sequence_parallel = layout == "sequence-parallel"
+    parallel = mesh if layout in PARALLEL_LAYOUTS else None
+    fn = jax_vg(fused_loss(vocab, FUSED_SETTINGS[name], parallel, sequence_parallel), (0, 1))
+    return measure(fn, fused_args(vocab, mesh, sequence_parallel), per_trip=per_trip)
 
 
 def fused_rows(vocab="t5", settings=None, hbm_only=None, log=None) -> list[dict]:
@@ -696,36 +704,45 @@ def layout_floor_ratio(row: dict) -> float:
 
 
 def vocab_parallel_rows(vocab="t5", settings=("was",), hbm_only=None, log=None) -> list[dict]:
-    """The fused head on the 2 x 4 mesh (per chip) against the one-chip fused head."""
+    """The fused head on the 2 x 4 mesh (per chip), in each of `PARALLEL_LAYOUTS`,
+    against the one-chip fused head."""
     shape, d = SHAPES[vocab], D_MODEL[vocab]
     hbm_only = hbm_only or {}
     rows = []
     for name in settings:
-        one, par = fused_cost(vocab, name), fused_cost(vocab, name, "vocab-parallel")
-        gathers = all_gathers(par.hlo)
-        width = shape[-1] // MESH_SHAPE["model"]
-        extra = dict(hbm_only.get(("vocab_parallel", vocab, name), {}))
-        base = hbm_only.get(("fused", vocab, name), {}).get("hbm_only_peak_bytes")
-        if base and "hbm_only_peak_bytes" in extra:
-            extra.update(hbm_only_one_chip_peak_bytes=base, hbm_only_peak_ratio=extra["hbm_only_peak_bytes"] / base)
-        rows.append(_row("vocab_parallel", vocab, shape, "bf16", name, par, one, None, d_model=d,
-                         mesh="data 2 x model 4", all_gathers=len(gathers),
-                         kernel_gathers=sum(gathers_kernel(g, d, width) for g in gathers),
-                         all_gather_shapes=[g["shape"] for g in gathers],
-                         all_gather_operands=[g["operands"] for g in gathers],
-                         peak_ratio=par.peak / one.peak, one_chip_peak_bytes=one.peak, **extra))
-        if log:
-            log(f"  vocab_parallel {vocab} {name}: {par.bytes / 1e9:.3f} GB per chip, {len(gathers)} all-gathers "
-                f"({par.compile_s:.1f} s)")
+        one = fused_cost(vocab, name)
+        for layout, hidden in PARALLEL_LAYOUTS.items():
+            par = fused_cost(vocab, name, layout)
+            gathers = all_gathers(par.hlo)
+            width = shape[-1] // MESH_SHAPE["model"]
+            extra = dict(hbm_only.get((_PROBE_TABLES[layout], vocab, name), {}))
+            base = hbm_only.get(("fused", vocab, name), {}).get("hbm_only_peak_bytes")
+            if base and "hbm_only_peak_bytes" in extra:
+                extra.update(hbm_only_one_chip_peak_bytes=base,
+                             hbm_only_peak_ratio=extra["hbm_only_peak_bytes"] / base)
+            rows.append(_row("vocab_parallel", vocab, shape, "bf16", name, par, one, None, d_model=d,
+                             mesh="data 2 x model 4", hidden=hidden, all_gathers=len(gathers),
+                             kernel_gathers=sum(gathers_kernel(g, d, width) for g in gathers),
+                             all_gather_shapes=[g["shape"] for g in gathers],
+                             all_gather_operands=[g["operands"] for g in gathers],
+                             peak_ratio=par.peak / one.peak, one_chip_peak_bytes=one.peak, **extra))
+            if log:
+                log(f"  vocab_parallel {vocab} {name} ({layout}): {par.bytes / 1e9:.3f} GB per chip, "
+                    f"{len(gathers)} all-gathers ({par.compile_s:.1f} s)")
     return rows
+
+
+# The memory probe's programs by table: the one-chip head and each parallel layout.
+_PROBE_TABLES = {"one chip": "fused", "vocab-parallel": "vocab_parallel", "sequence-parallel": "sequence_parallel"}
+_PROBE_LAYOUTS = {table: layout for layout, table in _PROBE_TABLES.items()}
 
 
 # -- memory without VMEM (a subprocess) --------------------------------------------------------
 
 
 def start_hbm_only(programs) -> subprocess.Popen:
-    """Starts compiling `programs` ([(table, vocab, setting)], table "fused" or
-    "vocab_parallel") in a subprocess whose libtpu has 2 MiB of VMEM, so that every buffer
+    """Starts compiling `programs` ([(table, vocab, setting)], table one of
+    `_PROBE_LAYOUTS`) in a subprocess whose libtpu has 2 MiB of VMEM, so that every buffer
     is in HBM and memory_analysis counts it; `finish_hbm_only` reads its answer."""
     flags = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} --xla_tpu_override_vmem_size_kib={HBM_ONLY_VMEM_KIB}"
     env = dict(os.environ, LIBTPU_INIT_ARGS=flags.strip())
@@ -748,7 +765,7 @@ def hbm_only_memory(programs) -> dict[tuple, dict]:
 def _memory_probe(programs) -> list:
     out = []
     for table, vocab, name in programs:
-        cost = fused_cost(vocab, name, "vocab-parallel" if table == "vocab_parallel" else "one chip", per_trip=False)
+        cost = fused_cost(vocab, name, _PROBE_LAYOUTS[table], per_trip=False)
         out.append([[table, vocab, name], {"hbm_only_temp_bytes": cost.temp, "hbm_only_peak_bytes": cost.peak,
                                            "hbm_only_bytes_counted_once": cost.bytes_counted_once}])
     return out
@@ -916,11 +933,12 @@ def markdown(rows: list[dict]) -> str:
         target = TARGETS.get(table)
         out.append(f"### {table}: {vocab} {shape} {dtype}" + (f" (target bytes ratio <= {target})" if target else ""))
         if table == "vocab_parallel":
-            out.append("| variant | GB per chip | all-gathers | of kernel columns | peak per chip | vs one chip "
-                       "| layout's floor | HBM-only peak | vs one chip | target |")
-            out.append("|---|---|---|---|---|---|---|---|---|---|")
+            out.append("| variant | hidden states | GB per chip | all-gathers | of kernel columns | peak per chip "
+                       "| vs one chip | layout's floor | HBM-only peak | vs one chip | target |")
+            out.append("|---|---|---|---|---|---|---|---|---|---|---|")
             for r in group:
-                out.append(f"| {r['variant']} | {_gb(r['bytes'])} | {r['all_gathers']} | {r['kernel_gathers']} "
+                out.append(f"| {r['variant']} | {r.get('hidden', PARALLEL_LAYOUTS['vocab-parallel'])} "
+                           f"| {_gb(r['bytes'])} | {r['all_gathers']} | {r['kernel_gathers']} "
                            f"| {_gb(r['peak_bytes'])} | {_x(r['peak_ratio'])} | {_x(layout_floor_ratio(r))} "
                            f"| {_gb(r.get('hbm_only_peak_bytes'))} "
                            f"| {_x(r.get('hbm_only_peak_ratio'))} | {verdict(r)} |")
@@ -992,9 +1010,10 @@ def _run_tables(tables, vocabs, dtypes, quick, hbm, jobs, children, log, layers=
     parallel_settings = ("was",)
     probe, train_child, train_out = None, None, None
     if hbm:
-        programs = [(t, v, n) for t in ("fused", "vocab_parallel") if t in tables for v in vocabs
-                    for n in (fused_settings if t == "fused" else parallel_settings)]
-        if "vocab_parallel" in tables:  # its one-chip reference
+        programs = [("fused", v, n) for v in vocabs for n in fused_settings] if "fused" in tables else []
+        if "vocab_parallel" in tables:  # each layout, and the one-chip reference
+            programs += [(t, v, n) for t in ("vocab_parallel", "sequence_parallel") for v in vocabs
+                         for n in parallel_settings]
             programs += [("fused", v, n) for v in vocabs for n in parallel_settings if ("fused", v, n) not in programs]
         if programs:
             probe = start_hbm_only(programs)

@@ -171,6 +171,21 @@ def test_vocab_parallel_head_gathers_no_kernel_columns(tpu):
     assert parallel.peak <= 1.05 * tpu_cost.layout_floor(parallel), (parallel.peak, tpu_cost.layout_floor(parallel))
 
 
+def test_sequence_parallel_head_holds_under_0_3_of_one_chip(tpu):
+    """With the hidden states' sequence split over `model` too (`sequence_parallel=True`),
+    a chip holds a quarter of its batch shard's hidden states and of their gradient: at
+    T5's shape 0.234x one chip's peak (0.310x with the sequence whole, whose arguments
+    and results alone are 0.301x; benchmarks/results/tpu_cost_v5e.json), and still no
+    kernel columns gathered."""
+    assert kernel_gathers("sequence-parallel") == []
+    one = tpu_cost.fused_cost("t5", "was", per_trip=False)
+    parallel = tpu_cost.fused_cost("t5", "was", "sequence-parallel", per_trip=False)
+    assert parallel.peak <= tpu_cost.TARGETS["vocab_parallel_memory"] * one.peak, (parallel.peak, one.peak)
+    # What it gathers is the hidden states: [batch / data, length, d_model] once.
+    hidden = [g["shape"] for g in tpu_cost.all_gathers(parallel.hlo) if tpu_cost.D_MODEL["t5"] in g["shape"]]
+    assert hidden == [[4, 1024, 512]], hidden
+
+
 @LONG
 def test_the_kernel_gather_check_sees_xla_s_own_gathers(tpu):
     """The check above sees kernel gathers where they are: XLA's own partitioning of the

@@ -27,7 +27,8 @@ RTOL = 2e-5
 # The script's checks and the rows each prints. NTL_JAX_VOCAB_PARALLEL_CHECKS (names
 # separated by spaces) runs only those named, and the tests reading the others skip:
 # .ci/lowest_versions runs the quick ones; unset, every check runs.
-CHECKS = {"equal": ("variant", "factor", "chunk"), "bfloat16": ("bfloat16", "argmax"), "context": ("context",),
+CHECKS = {"equal": ("variant", "factor", "chunk"), "sequence": ("sequence", "sequence bfloat16"),
+          "bfloat16": ("bfloat16", "argmax"), "context": ("context",),
           "errors": ("error",), "scale": ("scale",)}
 
 
@@ -88,6 +89,23 @@ def test_default_and_wide_chunks(results):
         assert row["error"] <= RTOL, row
 
 
+def test_the_sequence_split_over_the_vocabulary_axis_too(results):
+    """`sequence_parallel=True`: hidden states `P("data", "model")` on 2 x 4 and 4 x 2."""
+    rows = results["sequence"]
+    assert {(row["shards"], row["name"]) for row in rows} == {
+        (shards, name) for shards in (4, 2) for name in ("was-reweigh", "number_level", "smoothing-z", "was_cdf-gce")}
+    for row in rows:
+        assert row["error"] <= RTOL, row
+        # The gradient comes back split as the hidden states came in ...
+        assert row["d_hidden_spec"] == ["data", "model"], row
+        # ... and what is gathered with a d_model axis is the hidden states, [batch / data, length, 16].
+        assert row["gathered_with_d_model"] == [[row["shards"], 12, 16]], row  # batch 8 / data (8 / shards)
+    (row,) = results["sequence bfloat16"]
+    assert row["error"] <= RTOL, row
+    assert row["grad_error"] <= 2**-7, row
+    assert row["dtypes"] == ["bfloat16", "bfloat16"]
+
+
 def test_bfloat16_and_the_argmax_across_shards(results):
     (row,) = results["bfloat16"]
     # bf16 inputs, float32 accumulation on both sides: the loss agrees to float32
@@ -114,6 +132,9 @@ def test_bad_layouts_are_named(results):
     assert "needs a device mesh" in rows["no mesh"]
     assert "expected vocab_axis" in rows["mesh without axis"]
     assert "batch divisible by the 2 shards of mesh axes ('data',)" in rows["indivisible batch"]
+    assert "sequence length divisible by the 8 shards of mesh axis 'model'" in rows["indivisible sequence"]
+    assert "got 12" in rows["indivisible sequence"]
+    assert "expected vocab_axis" in rows["sequence without axis"]
 
 
 def test_no_kernel_is_gathered_and_per_device_memory_halves(results):

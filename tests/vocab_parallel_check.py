@@ -55,17 +55,23 @@ def mesh_of(data, model):
     return Mesh(np.array(jax.devices()[: data * model]).reshape(data, model), ("data", "model"))
 
 
-def value_and_grads(mesh, hidden, kernel, targets, weights, chunk_size=CHUNK, **options):
-    """Loss, parts and both gradients; vocabulary-parallel over `mesh` when given."""
+def value_and_grads(mesh, hidden, kernel, targets, weights, chunk_size=CHUNK, sequence_parallel=False,
+                    compiled=None, **options):
+    """Loss, parts and both gradients; vocabulary-parallel over `mesh` when given, with
+    the hidden states' sequence split over `model` too with `sequence_parallel`.
+    `compiled`: a list to append the compiled program's HLO text to."""
+    parallel = dict(vocab_axis="model", mesh=mesh, sequence_parallel=sequence_parallel) if mesh else {}
 
     def loss(h, k):
-        return fused_cross_entropy_and_ntl(h, k, targets, NT, weights=weights, chunk_size=chunk_size,
-                                           vocab_axis="model" if mesh else None, mesh=mesh, **options)
+        return fused_cross_entropy_and_ntl(h, k, targets, NT, weights=weights, chunk_size=chunk_size, **parallel,
+                                           **options)
 
     f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
     if mesh is not None:
-        hidden = jax.device_put(hidden, NamedSharding(mesh, P("data")))
+        hidden = jax.device_put(hidden, NamedSharding(mesh, P("data", "model" if sequence_parallel else None)))
         kernel = jax.device_put(kernel, NamedSharding(mesh, P(None, "model")))
+    if compiled is not None:
+        compiled.append(f.lower(hidden, kernel).compile().as_text())
     (value, parts), grads = f(hidden, kernel)
     return {"loss": value, **parts, "d_hidden": grads[0], "d_kernel": grads[1]}
 
@@ -125,6 +131,35 @@ def check_equal_to_one_device():
             report(check="chunk", shards=shards, name=str(chunk_size), error=worst_relative_error(want, got))
 
 
+# Option sets the sequence-parallel head runs through (each over 2 x 4 and 4 x 2).
+SEQUENCE_OPTIONS = ("was-reweigh", "number_level", "smoothing-z", "was_cdf-gce")
+
+
+def check_sequence_parallel():
+    """The hidden states' sequence split over `model` as well: the same loss and
+    gradients, the hidden states' gradient split the same way, and nothing gathered but
+    the hidden states (no kernel columns)."""
+    hidden, kernel, targets, weights, _ = inputs(seed=5)
+    for data, model in ((2, 4), (4, 2)):
+        mesh = mesh_of(data, model)
+        for name in SEQUENCE_OPTIONS:
+            want = value_and_grads(None, hidden, kernel, targets, weights, **OPTIONS[name])
+            hlo = []
+            got = value_and_grads(mesh, hidden, kernel, targets, weights, sequence_parallel=True, compiled=hlo,
+                                  **OPTIONS[name])
+            gathered = [shape for _, shape in all_gathers(hlo[0]) if D in shape]
+            report(check="sequence", shards=model, name=name, error=worst_relative_error(want, got),
+                   d_hidden_spec=[str(axis) for axis in got["d_hidden"].sharding.spec],
+                   gathered_with_d_model=gathered)
+    hidden, kernel, targets, weights, _ = inputs(seed=6, dtype=jnp.bfloat16)
+    want = value_and_grads(None, hidden, kernel, targets, weights)
+    got = value_and_grads(mesh_of(2, 4), hidden, kernel, targets, weights, sequence_parallel=True)
+    report(check="sequence bfloat16", error=worst_relative_error({"loss": want["loss"]}, {"loss": got["loss"]}),
+           grad_error=worst_relative_error({k: want[k] for k in ("d_hidden", "d_kernel")},
+                                           {k: got[k] for k in ("d_hidden", "d_kernel")}),
+           dtypes=[str(got["d_hidden"].dtype), str(got["d_kernel"].dtype)])
+
+
 def check_bfloat16_and_the_argmax():
     hidden, kernel, targets, weights, _ = inputs(seed=1, dtype=jnp.bfloat16)
     mesh = mesh_of(2, 4)
@@ -170,6 +205,8 @@ def check_errors():
         "no mesh": dict(vocab_axis="model"),
         "mesh without axis": dict(mesh=mesh_of(2, 4)),
         "indivisible batch": dict(hidden=hidden[:3], targets=targets[:3], mesh=mesh_of(2, 4), vocab_axis="model"),
+        "indivisible sequence": dict(mesh=mesh_of(1, 8), vocab_axis="model", sequence_parallel=True),
+        "sequence without axis": dict(sequence_parallel=True),
     }
     for name, change in cases.items():
         args = dict(hidden=hidden, kernel=kernel, targets=targets)
@@ -214,6 +251,7 @@ def check_compiled_at_scale():
 
 if __name__ == "__main__":
     assert jax.device_count() == 8, jax.devices()
-    for check in sys.argv[1:] or ["equal", "bfloat16", "context", "errors", "scale"]:
-        {"equal": check_equal_to_one_device, "bfloat16": check_bfloat16_and_the_argmax,
+    for check in sys.argv[1:] or ["equal", "sequence", "bfloat16", "context", "errors", "scale"]:
+        {"equal": check_equal_to_one_device, "sequence": check_sequence_parallel,
+         "bfloat16": check_bfloat16_and_the_argmax,
          "context": check_mesh_in_context, "errors": check_errors, "scale": check_compiled_at_scale}[check]()

@@ -216,46 +216,60 @@ def _vocab_stats(h, kernel, targets, ids, chunk, with_sum, with_top, shards):
 
 
 def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards):
-    """`(rest_lse, target_logit, logit_sum, number_logits, top_id)` of `h @ kernel`.
+    """`(rest_lse, target_logit, logit_sum, number_logits, top_id)` of `h @ kernel`,
+    each per token `[batch * length, ...]`.
 
-    h `[N, D]`, kernel `[D, V]`, targets `[N]` in `[0, V)`, ids `[n]` the number
-    tokens. `rest_lse` is the logsumexp over the tokens that are not numbers;
-    `top_id` the argmax over the vocabulary (zeros without `with_top`), not
+    h `[batch, length, D]`, kernel `[D, V]`, targets `[batch, length]` in `[0, V)`, ids
+    `[n]` the number tokens. `rest_lse` is the logsumexp over the tokens that are not
+    numbers; `top_id` the argmax over the vocabulary (zeros without `with_top`), not
     differentiated. With `shards` (a `VocabShards`), each device streams its own
     columns of the kernel and the statistics are combined over the vocabulary axis:
     the kernel is never gathered.
     """
     if shards is None:
-        out = _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, None)
+        out = _local_stats_fwd(_tokens(h), kernel, targets.reshape(-1), ids, chunk, with_sum, with_top, None)
     else:
         tokens, rows, columns, replicated = vocab_parallel.partition_specs(shards)
+
+        def local(h, kernel, targets, ids):
+            h = vocab_parallel.gather_sequence(h, shards)
+            return _local_stats_fwd(_tokens(h), kernel, targets.reshape(-1), ids, chunk, with_sum, with_top,
+                                    shards.vocab_axis)
+
         out = jax.shard_map(
-            functools.partial(_local_stats_fwd, chunk=chunk, with_sum=with_sum, with_top=with_top,
-                              axis=shards.vocab_axis),
-            mesh=shards.mesh, in_specs=(rows, columns, tokens, replicated),
+            local, mesh=shards.mesh, in_specs=(vocab_parallel.hidden_spec(shards), columns, tokens, replicated),
             out_specs=(tokens, tokens, tokens, rows, tokens), check_vma=False,
         )(h, kernel, targets, ids)
     return out, (h, kernel, targets, ids, out[0])
+
+
+def _tokens(h):
+    """`[batch, length, D]` hidden states as `[batch * length, D]`."""
+    return h.reshape(-1, h.shape[-1])
 
 
 def _vocab_stats_bwd(chunk, with_sum, with_top, shards, residuals, cotangents):
     h, kernel, targets, ids, rest_lse = residuals
     cotangents = cotangents[:4]  # top_id is not differentiated
     if shards is None:
-        d_h, d_kernel = _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum, None)
+        d_h, d_kernel = _local_grads(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, chunk,
+                                     with_sum, None)
+        d_h = d_h.reshape(h.shape)
     else:
         tokens, rows, columns, replicated = vocab_parallel.partition_specs(shards)
+        hidden = vocab_parallel.hidden_spec(shards)
 
         def local(h, kernel, targets, ids, rest_lse, cotangents):
-            d_h, d_kernel = _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
-                                         shards.vocab_axis, shards.batch_axes)
+            h = vocab_parallel.gather_sequence(h, shards)
+            d_h, d_kernel = _local_grads(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, chunk,
+                                         with_sum, shards.vocab_axis, shards.batch_axes)
             # Each shard's columns add to every token's gradient.
-            return jax.lax.psum(d_h, shards.vocab_axis), d_kernel
+            return vocab_parallel.sum_over_vocab(d_h.reshape(h.shape), shards), d_kernel
 
         d_h, d_kernel = jax.shard_map(
-            local, mesh=shards.mesh, in_specs=(rows, columns, tokens, replicated, tokens,
+            local, mesh=shards.mesh, in_specs=(hidden, columns, tokens, replicated, tokens,
                                                (tokens, tokens, tokens, rows)),
-            out_specs=(rows, columns), check_vma=False,
+            out_specs=(hidden, columns), check_vma=False,
         )(h, kernel, targets, ids, rest_lse, cotangents)
     return d_h.astype(h.dtype), d_kernel, None, None
 
@@ -328,6 +342,7 @@ def fused_cross_entropy_and_ntl(
     decoder_positions=None,
     chunk_size: int | None = None,
     vocab_axis: str | None = None,
+    sequence_parallel: bool = False,
     mesh=None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`cross_entropy_and_ntl(hidden @ kernel, ...)` without the logits in memory.
@@ -368,6 +383,13 @@ def fused_cross_entropy_and_ntl(
         (hidden states on the batch axis). The vocabulary must divide by the axis size.
         None (default): no mesh needed; under `jit` with sharded inputs XLA partitions
         the computation itself, gathering the kernel.
+      sequence_parallel: with `vocab_axis`, whether `hidden` arrives with its sequence
+        split over `vocab_axis` too (`P(batch axes, vocab_axis, None)`, Megatron-LM's
+        sequence parallelism): each device gathers its batch shard's whole sequence
+        inside the head and gets back its own part of the hidden states' gradient (a
+        reduce-scatter where the default sums it to every device), so neither the
+        hidden states nor their gradient are held whole per device outside the head.
+        The length must divide by the axis size.
       mesh: the `jax.sharding.Mesh` for `vocab_axis`; None takes the mesh in context
         (`with mesh:`, as T5X's partitioner runs, or `jax.set_mesh`).
 
@@ -396,7 +418,8 @@ def fused_cross_entropy_and_ntl(
     )
     head, targets, _ = fused_head_stats(
         hidden, kernel, targets, weights, number_tokens, options, chunk_size=chunk_size,
-        shards=vocab_parallel.vocab_shards(vocab_axis, mesh, jnp.shape(kernel)[1], jnp.shape(hidden)[0]),
+        shards=vocab_parallel.vocab_shards(vocab_axis, mesh, jnp.shape(kernel)[1], jnp.shape(hidden)[0],
+                                           jnp.shape(hidden)[1], sequence_parallel),
     )
     return objective.objective_from_head(head, targets, weights, factor, number_tokens, options, vocab=vocab)
 
@@ -430,7 +453,7 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
             chunk_size = max(chunk_size // vocab_shards_count // 128 * 128, 128)
     chunk = min(int(chunk_size), width)
     rest_lse, target_logit, logit_sum, number_logits, top_id = _vocab_stats(
-        hidden.reshape(batch * length, d_model), kernel, jnp.maximum(targets, 0).reshape(-1),
+        hidden, kernel, jnp.maximum(targets, 0),
         jnp.asarray(number_tokens.ids), chunk, options.label_smoothing > 0, with_top, shards,
     )
     shape = (batch, length)
