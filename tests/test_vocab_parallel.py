@@ -134,7 +134,8 @@ def test_bad_layouts_are_named(results):
     assert "batch divisible by the 2 shards of mesh axes ('data',)" in rows["indivisible batch"]
     assert "sequence length divisible by the 8 shards of mesh axis 'model'" in rows["indivisible sequence"]
     assert "got 12" in rows["indivisible sequence"]
-    assert "expected vocab_axis" in rows["sequence without axis"]
+    assert "with sequence_parallel=True, got None" in rows["sequence without axis"]
+    assert "expected sequence_parallel True or False, got 'yes'" in rows["sequence not a bool"]
 
 
 def test_no_kernel_is_gathered_and_per_device_memory_halves(results):

@@ -207,6 +207,7 @@ def check_errors():
         "indivisible batch": dict(hidden=hidden[:3], targets=targets[:3], mesh=mesh_of(2, 4), vocab_axis="model"),
         "indivisible sequence": dict(mesh=mesh_of(1, 8), vocab_axis="model", sequence_parallel=True),
         "sequence without axis": dict(sequence_parallel=True),
+        "sequence not a bool": dict(mesh=mesh_of(2, 4), vocab_axis="model", sequence_parallel="yes"),
     }
     for name, change in cases.items():
         args = dict(hidden=hidden, kernel=kernel, targets=targets)

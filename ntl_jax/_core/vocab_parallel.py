@@ -49,7 +49,10 @@ def vocab_shards(vocab_axis, mesh, vocab: int, batch: int, length: int | None = 
       ValueError: for an axis the mesh does not have, no mesh, a vocabulary the axis
         size does not divide, a batch the other axes' sizes do not divide, or with
         `sequence_parallel` no `vocab_axis` or a length its size does not divide.
+      TypeError: for a `sequence_parallel` that is not a bool.
     """
+    if not isinstance(sequence_parallel, bool):
+        raise TypeError(f"expected sequence_parallel True or False, got {sequence_parallel!r}")
     if vocab_axis is None:
         if mesh is not None:
             raise ValueError("expected vocab_axis (the mesh axis sharding the kernel's columns) with mesh, got None")
@@ -86,7 +89,7 @@ def vocab_shards(vocab_axis, mesh, vocab: int, batch: int, length: int | None = 
             f"expected a sequence length divisible by the {shards} shards of mesh axis {vocab_axis!r} "
             f"(sequence_parallel=True splits the sequence over it), got {length}"
         )
-    return VocabShards(mesh, vocab_axis, batch_axes, bool(sequence_parallel))
+    return VocabShards(mesh, vocab_axis, batch_axes, sequence_parallel)
 
 
 def partition_specs(shards: VocabShards):
