@@ -709,12 +709,12 @@ def vocab_parallel_rows(vocab="t5", settings=("was",), hbm_only=None, log=None) 
     shape, d = SHAPES[vocab], D_MODEL[vocab]
     hbm_only = hbm_only or {}
     rows = []
+    width = shape[-1] // MESH_SHAPE["model"]
     for name in settings:
         one = fused_cost(vocab, name)
         for layout, hidden in PARALLEL_LAYOUTS.items():
             par = fused_cost(vocab, name, layout)
             gathers = all_gathers(par.hlo)
-            width = shape[-1] // MESH_SHAPE["model"]
             extra = dict(hbm_only.get((_PROBE_TABLES[layout], vocab, name), {}))
             base = hbm_only.get(("fused", vocab, name), {}).get("hbm_only_peak_bytes")
             if base and "hbm_only_peak_bytes" in extra:
@@ -937,7 +937,7 @@ def markdown(rows: list[dict]) -> str:
                        "| vs one chip | layout's floor | HBM-only peak | vs one chip | target |")
             out.append("|---|---|---|---|---|---|---|---|---|---|---|")
             for r in group:
-                out.append(f"| {r['variant']} | {r.get('hidden', PARALLEL_LAYOUTS['vocab-parallel'])} "
+                out.append(f"| {r['variant']} | {r['hidden']} "
                            f"| {_gb(r['bytes'])} | {r['all_gathers']} | {r['kernel_gathers']} "
                            f"| {_gb(r['peak_bytes'])} | {_x(r['peak_ratio'])} | {_x(layout_floor_ratio(r))} "
                            f"| {_gb(r.get('hbm_only_peak_bytes'))} "
@@ -1012,7 +1012,7 @@ def _run_tables(tables, vocabs, dtypes, quick, hbm, jobs, children, log, layers=
     if hbm:
         programs = [("fused", v, n) for v in vocabs for n in fused_settings] if "fused" in tables else []
         if "vocab_parallel" in tables:  # each layout, and the one-chip reference
-            programs += [(t, v, n) for t in ("vocab_parallel", "sequence_parallel") for v in vocabs
+            programs += [(_PROBE_TABLES[layout], v, n) for layout in PARALLEL_LAYOUTS for v in vocabs
                          for n in parallel_settings]
             programs += [("fused", v, n) for v in vocabs for n in parallel_settings if ("fused", v, n) not in programs]
         if programs:

@@ -442,7 +442,7 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
     # there, and NaN or inf in them reach neither the loss nor the gradient.
     keep, targets = losses.keep_positions(targets, weights, vocab)
     hidden = jnp.where(keep[..., None], jnp.asarray(hidden, dtype), jnp.zeros((), dtype))
-    batch, length, d_model = hidden.shape
+    batch, length, _ = hidden.shape
     vocab_shards_count = 1 if shards is None else dict(shards.mesh.shape)[shards.vocab_axis]
     width = vocab // vocab_shards_count
     if chunk_size is None:
