@@ -35,7 +35,7 @@ gradient can cost next to optax's CE on this machine:
 
 - `floor: was, value only`: `optax_ce + 0.3 * ntl_was(stop_gradient(lg), ...)`: NTL's
   forward pass (the number columns and the `[B, L, N]` work), no NTL gradient at all;
-- `floor: one select`: `optax_ce + 0.3 * mean(losses.take_target_logit(lg, t))`: a
+- `floor: one select`: `optax_ce + 0.3 * mean(head_stats.take_target_logit(lg, t))`: a
   gradient of one compare and select per element, fused into optax's. An NTL gradient
   writes N scattered columns: either N such selects or a scatter-add (which XLA's CPU
   backend widens to a float32 buffer when the logits are 16-bit).
@@ -67,7 +67,6 @@ statistics (ntl_jax/_core/number_stats.py):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import math
@@ -84,6 +83,8 @@ import numpy as np
 from vocabularies import VOCABS, llama3_number_tokens, llama3_pieces, sample_targets
 
 KINDS = ("was", "mse", "mae", "huber", "number_level")
+# Also accepted by --kinds: NTL's successors, which take no reweigh (no "+rw" variant).
+SUCCESSOR_KINDS = ("del", "dist2")
 USAGES = ("objective", "standalone")
 HBM_FLOOR = "read + write the logits"
 DEFAULT_SHAPES = "8x64x32128,32x128x32128"
@@ -153,8 +154,8 @@ def parse_formulations(text: str) -> tuple:
 def parse_kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(","))
     for k in kinds:
-        if k not in KINDS:
-            raise ValueError(f"expected kinds from {', '.join(KINDS)}, got {k!r}")
+        if k not in KINDS + SUCCESSOR_KINDS:
+            raise ValueError(f"expected kinds from {', '.join(KINDS + SUCCESSOR_KINDS)}, got {k!r}")
     return kinds
 
 
@@ -190,8 +191,9 @@ def make_weights(shape, seed=0):
 # -- JAX variants ---------------------------------------------------------------------
 
 
-def jax_variants(number_tokens, kinds=KINDS) -> dict[str, Callable]:
-    """name -> scalar loss(logits, targets); jitted with its logits gradient later."""
+def jax_variants(number_tokens, kinds=KINDS, formulation="auto") -> dict[str, Callable]:
+    """name -> scalar loss(logits, targets); jitted with its logits gradient later.
+    `formulation`: of the number statistics ("auto": each backend's own)."""
     import jax.numpy as jnp
     import optax
 
@@ -200,7 +202,8 @@ def jax_variants(number_tokens, kinds=KINDS) -> dict[str, Callable]:
     def objective(kind, reweigh):
         def loss(logits, targets):
             return ntl_jax.cross_entropy_and_ntl(
-                logits, targets, number_tokens, ntl_kind=kind, ntl_weight=NTL_WEIGHT, reweigh=reweigh
+                logits, targets, number_tokens, ntl_kind=kind, ntl_weight=NTL_WEIGHT, reweigh=reweigh,
+                formulation=formulation,
             )[0]
 
         return loss
@@ -213,20 +216,22 @@ def jax_variants(number_tokens, kinds=KINDS) -> dict[str, Callable]:
         ),
     }
     for kind in kinds:
-        for reweigh in (False, True):
+        for reweigh in (False, True)[:1 if kind in SUCCESSOR_KINDS else 2]:
             variants[kind + ("+rw" if reweigh else "")] = objective(kind, reweigh)
     return variants
 
 
-def standalone_variants(number_tokens, kinds=KINDS, floors=False) -> dict[str, Callable]:
+def standalone_variants(number_tokens, kinds=KINDS, floors=False, formulation="auto") -> dict[str, Callable]:
     """name -> scalar loss(logits, targets, weights): the user's own optax cross-entropy,
     plus 0.3 x a standalone ntl_jax loss; with `floors`, two lower bounds for any NTL
-    gradient (see the module docstring)."""
+    gradient (see the module docstring). `formulation`: of the NTL losses' number
+    statistics ("auto": each backend's own; the floors always take "auto")."""
     import jax
     import jax.numpy as jnp
     import optax
 
     import ntl_jax
+    from ntl_jax._core import head_stats
 
     def ce(logits, targets, weights):
         return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
@@ -234,15 +239,20 @@ def standalone_variants(number_tokens, kinds=KINDS, floors=False) -> dict[str, C
     def plus(kind, reweigh):
         if kind == "was":
             def ntl(lg, t, w):
-                return ntl_jax.ntl_was(lg, t, number_tokens, weights=w, reweigh=reweigh, reduction="mean")
+                return ntl_jax.ntl_was(lg, t, number_tokens, weights=w, reweigh=reweigh, reduction="mean",
+                                       formulation=formulation)
         elif kind == "number_level":
             def ntl(lg, t, w):
                 return ntl_jax.number_level_loss(lg, t, number_tokens, weights=w, reweigh=reweigh,
-                                                 reduction="mean")
+                                                 reduction="mean", formulation=formulation)
+        elif kind in SUCCESSOR_KINDS:
+            def ntl(lg, t, w):
+                return ntl_jax.number_token_loss(lg, t, number_tokens, weights=w, ntl_kind=kind,
+                                                 reduction="mean", formulation=formulation)
         else:
             def ntl(lg, t, w):
                 return ntl_jax.ntl_dot(lg, t, number_tokens, weights=w, ntl_kind=kind, reweigh=reweigh,
-                                       reduction="mean")
+                                       reduction="mean", formulation=formulation)
 
         def loss(logits, targets, weights):
             return ce(logits, targets, weights) + NTL_WEIGHT * ntl(logits, targets, weights)
@@ -251,7 +261,7 @@ def standalone_variants(number_tokens, kinds=KINDS, floors=False) -> dict[str, C
 
     variants = {"optax_ce": ce, "optax_ce (again)": ce}
     for kind in kinds:
-        for reweigh in (False, True):
+        for reweigh in (False, True)[:1 if kind in SUCCESSOR_KINDS else 2]:
             variants[kind + ("+rw" if reweigh else "")] = plus(kind, reweigh)
     if floors:
         def value_only(logits, targets, weights):
@@ -261,7 +271,7 @@ def standalone_variants(number_tokens, kinds=KINDS, floors=False) -> dict[str, C
         def one_select(logits, targets, weights):
             # A gradient of one compare and select per element, fused into optax's.
             return ce(logits, targets, weights) + NTL_WEIGHT * jnp.mean(
-                ntl_jax._core.losses.take_target_logit(logits, targets))
+                head_stats.take_target_logit(logits, targets))
 
         variants["floor: was, value only"] = value_only
         variants["floor: one select"] = one_select
@@ -320,7 +330,7 @@ def torch_variants(tokenizer, kinds=KINDS) -> dict[str, Callable]:
         return lambda logits, labels: ce(logits, labels) + NTL_WEIGHT * obj(logits, labels, reduction="sum")
 
     variants = {"ce": ce}
-    for kind in kinds:
+    for kind in (kind for kind in kinds if kind in KINDS):  # ntloss has neither DEL nor DIST²
         for reweigh in (False, True):
             variants[kind + ("+rw" if reweigh else "")] = build(kind, reweigh)
     return variants
@@ -425,14 +435,20 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, 
     compile_start = time.perf_counter()
     lowered = {}  # key -> (name, lowered step, its arguments)
     for usage in usages:
-        variants = (jax_variants(number_tokens, kinds) if usage == "objective"
-                    else standalone_variants(number_tokens, kinds, floors))
+        made = {}  # formulation -> the variants computing their number statistics so
+
+        def variants_in(formulation, usage=usage, made=made):
+            if formulation not in made:
+                made[formulation] = (jax_variants(number_tokens, kinds, formulation or "auto") if usage == "objective"
+                                     else standalone_variants(number_tokens, kinds, floors, formulation or "auto"))
+            return made[formulation]
+
         args = (logits, targets) if usage == "objective" else (logits, targets, weights)
-        for name, fn in variants.items():
+        for name in variants_in(None):
             for formulation in formulations if is_ntl_variant(name) else (None,):
                 named = name if formulation is None else f"{name} [{formulation}]"
-                with forced_formulation(formulation):
-                    lowered[f"{PREFIX[usage]}:{named}"] = (named, lowered_step(fn, *args), args)
+                fn = variants_in(formulation)[name]
+                lowered[f"{PREFIX[usage]}:{named}"] = (named, lowered_step(fn, *args), args)
     # XLA compiles outside the GIL: a thread per CPU shortens the (untimed) compile phase.
     workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     with ThreadPoolExecutor(max(1, workers)) as pool:
@@ -479,25 +495,12 @@ def measure_config(shape, dtype_name, repeats, with_ntloss, log, budget_s=60.0, 
 
 def is_ntl_variant(name: str) -> bool:
     """Whether a variant computes NTL (so its number statistics have a formulation)."""
-    return name.split(" ")[0] in {kind + suffix for kind in KINDS for suffix in ("", "+rw")}
+    return name.split(" ")[0] in {kind + suffix for kind in KINDS + SUCCESSOR_KINDS for suffix in ("", "+rw")}
 
 
 def base_variant(name: str) -> str:
     """A variant's name without its " [<formulation>]"."""
     return name.split(" [")[0]
-
-
-@contextlib.contextmanager
-def forced_formulation(formulation):
-    """Traces inside use that formulation of the number statistics on every backend
-    (`ntl_jax/_core/number_stats.py`); None leaves each backend its own."""
-    from ntl_jax._core import number_stats
-
-    saved, number_stats._FORCE = number_stats._FORCE, formulation
-    try:
-        yield
-    finally:
-        number_stats._FORCE = saved
 
 
 def repeated(step, calls, wait):
@@ -634,7 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="number-token table: t5 (default: digits 0-9 once, digit level) or llama3 "
                              "(1,110 number pieces 0-999, 00-09, 000-099 at scattered ids; needs V >= 4096)")
     parser.add_argument("--kinds", default=",".join(KINDS),
-                        help=f"comma-separated NTL variants to measure (default {','.join(KINDS)})")
+                        help=f"comma-separated NTL variants to measure (default {','.join(KINDS)}; also "
+                             f"{','.join(SUCCESSOR_KINDS)})")
     parser.add_argument("--dtypes", default="f32,bf16", help="comma-separated, from f32, bf16")
     parser.add_argument("--repeats", type=int, default=None,
                         help="interleaved rounds per shape/dtype (default: rounds until --budget "

@@ -482,7 +482,9 @@ def logits_floor(shape, dtype: str) -> float:
 
 # -- 1. standalone losses ---------------------------------------------------------------------
 
-STANDALONE_KINDS = ("was", "was_cdf", "mse", "mae", "huber", "number_level", "number_level_float")
+STANDALONE_KINDS = ("was", "was_cdf", "mse", "mae", "huber", "number_level", "number_level_float", "del", "dist2")
+# NTL's successors have no largest value for reweigh to charge: no "+rw" rows.
+UNBOUNDED_KINDS = ("del", "dist2")
 
 
 def standalone_variants(vocab: str, kinds=None, reweighs=(False, True)) -> dict[str, Callable]:
@@ -509,6 +511,8 @@ def standalone_variants(vocab: str, kinds=None, reweighs=(False, True)) -> dict[
     variants = {"optax CE": optax_ce}
     for name, kind, squash in settings:
         for reweigh in reweighs:
+            if reweigh and kind in UNBOUNDED_KINDS:
+                continue
             variants[f"+ {name}" + (" +rw" if reweigh else "")] = plus(kind, squash, reweigh)
     return variants
 
@@ -537,6 +541,8 @@ OBJECTIVE_SETTINGS = {
     "huber": {"ntl_kind": "huber"},
     "number_level": {"ntl_kind": "number_level"},
     "number_level_float": {"ntl_kind": "number_level_float"},
+    "del": {"ntl_kind": "del"},
+    "dist2": {"ntl_kind": "dist2"},
     "was +rw": {"reweigh": True},
     "was z_loss 1e-4": {"z_loss": 1e-4},
     "was label_smoothing 0.1": {"label_smoothing": 0.1},

@@ -4,10 +4,15 @@ Zausinger et al., "Regress, Don't Guess - A Regression-like Loss on Number Token
 Language Models", ICML 2025 (arXiv:2411.02083).
 """
 
-from ntl_jax._core.fused import fused_cross_entropy_and_ntl
-from ntl_jax._core.losses import check_targets, ntl_dot, ntl_was, number_level_loss, number_token_loss, predict_numbers
+from ntl_jax._core.checks import check_targets
+from ntl_jax._core.cross_entropy import weighted_cross_entropy
+from ntl_jax._core.losses import ntl_dot, ntl_was, number_level_loss, number_token_loss, predict_numbers
 from ntl_jax._core.number_tokens import NumberTokens
-from ntl_jax._core.objective import cross_entropy_and_ntl, loss_normalizing_factor_and_weights, weighted_cross_entropy
+from ntl_jax._core.objective import (
+    cross_entropy_and_ntl,
+    fused_cross_entropy_and_ntl,
+    loss_normalizing_factor_and_weights,
+)
 from ntl_jax._core.tokenizer_pieces import tokenizer_pieces, vocabulary_pieces
 
 __all__ = [

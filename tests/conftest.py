@@ -1,10 +1,6 @@
-"""The formulation of the number statistics the tests run (`ntl_jax._core.number_stats`).
-
-Each backend takes its own (columns on the CPU, gathered on GPUs, masked reductions
-elsewhere); with `NTL_JAX_FORMULATION=columns`, `gathered` or `reductions` every test runs
-the one named, on every backend, so the CPU checks each (`.ci/run` runs the numerical
-tests once more with each of the other two). The `formulation` fixture runs a test with
-each in one session.
+"""Test configuration: fast compilation, the long comparisons behind `--long`, the
+order of the long files, and the `formulation` fixture (each formulation of the number
+statistics in turn; tests/formulation.py binds one for a whole run).
 """
 
 import os
@@ -14,17 +10,9 @@ from tests import xla_flags
 xla_flags.use_fast_compile()  # before JAX starts its CPU backend
 xla_flags.share_compiled_programs()  # before JAX reads its configuration
 
-import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from ntl_jax._core import number_stats  # noqa: E402
-
-FORMULATIONS = number_stats.FORMULATIONS
-_chosen = os.environ.get("NTL_JAX_FORMULATION") or None
-if _chosen not in (None,) + FORMULATIONS:
-    raise ValueError(f"expected NTL_JAX_FORMULATION in {FORMULATIONS} or unset, got {_chosen!r}")
-number_stats._FORCE = _chosen
-
+from ntl_jax._core.number_stats import FORMULATIONS  # noqa: E402
 
 # The files that take minutes, longest first (measured with --durations=0): they start
 # first, so that the workers finish together rather than one of them running a long file
@@ -73,9 +61,6 @@ def pytest_xdist_auto_num_workers(config):
 
 
 @pytest.fixture(params=FORMULATIONS)
-def formulation(request, monkeypatch):
-    """Each formulation in turn, forced on every backend (traced afresh)."""
-    monkeypatch.setattr(number_stats, "_FORCE", request.param)
-    jax.clear_caches()
-    yield request.param
-    jax.clear_caches()
+def formulation(request):
+    """Each formulation in turn, on every backend: pass it as `formulation=`."""
+    return request.param

@@ -12,10 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ntl_jax
 from ntl_jax import NumberTokens
-from ntl_jax._core import losses, number_stats
+from ntl_jax._core import head_stats, number_stats
+from ntl_jax._core.targets import number_target
 from ntl_jax.data.reader import read_pairs
+from tests.formulation import FORMULATION
+from tests.formulation import ntl_jax_under_test as ntl_jax
 from tests.grid import pairwise
 
 PIECES = ["<pad>", "</s>", "x", "."] + list("0123456789")  # digit d has id d + 4
@@ -544,9 +546,9 @@ def test_reweigh_is_accurate_at_large_logits(scale, number_bias, targets_at):
     else:
         targets = jax.random.randint(jax.random.PRNGKey(8), (4, 16), 4, V)
     # The mass, relative to itself; the rest, a few ulps of 1 (`number_mass`'s contract).
-    keep = jnp.ones(logits.shape[:-1], bool)
-    numbers = number_stats.number_stats(logits, keep, jnp.zeros(keep.shape), NT)
-    _, (mass, rest) = losses.number_mass(logits, numbers, keep)
+    everywhere = number_target(jnp.zeros(logits.shape[:-1], jnp.int32), None, V, NT)  # every position kept
+    numbers = number_stats.number_stats(logits, everywhere, NT, number_stats.NumberReads(), formulation=FORMULATION)
+    _, (mass, rest) = head_stats._number_mass(logits, numbers, everywhere.keep, logits)
     e = np.exp(np.asarray(logits, np.float64) - np.asarray(logits, np.float64).max(-1, keepdims=True))
     want_mass = e[..., 4:].sum(-1) / e.sum(-1)
     np.testing.assert_allclose(mass, want_mass, rtol=4 * _SUM_ERROR, atol=float(np.finfo(np.float32).tiny))

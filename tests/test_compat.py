@@ -1,6 +1,6 @@
 """What ntl_jax reads from JAX and Flax beyond their plainest public API, checked on the
 installed versions: the reaches in ntl_jax/_core/compat.py (the mesh of `with mesh:`, the
-`pytree=` of an NNX head's class) and the public `jax.core.Tracer` the input checks use.
+`pytree=` of an NNX head's class, and `jax.core.Tracer`, which `is_traced` reads).
 Each failure names the installed versions, so a release that moves what is read is seen
 here rather than deep inside a training step."""
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ntl_jax._core import compat, losses
+from ntl_jax._core import compat
 
 
 def _versions():
@@ -60,17 +60,17 @@ def test_jax_core_tracer_is_public_and_tells_traced_from_concrete():
             warnings.simplefilter("error", DeprecationWarning)
             tracer = jax.core.Tracer
     except (AttributeError, DeprecationWarning) as error:
-        _broken("jax.core.Tracer (ntl_jax._core.losses, number_stats and number_tokens)", error)
+        _broken("jax.core.Tracer (ntl_jax._core.compat.is_traced)", error)
     seen = []
 
     def traced(x):
-        seen.append((isinstance(x, tracer), losses.is_concrete(x)))
+        seen.append((isinstance(x, tracer), not compat.is_traced(x)))
         return x
 
     jax.jit(traced)(jnp.zeros(2))
     jax.grad(lambda x: traced(x).sum())(jnp.zeros(2))
     assert seen == [(True, False)] * 2, f"{_versions()}: traced values are no longer jax.core.Tracer: {seen}"
-    assert losses.is_concrete(jnp.zeros(2)) and losses.is_concrete(np.zeros(2)), _versions()
+    assert not compat.is_traced(jnp.zeros(2)) and not compat.is_traced(np.zeros(2)), _versions()
 
 
 def _is_jax_pytree(module):

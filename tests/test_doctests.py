@@ -4,7 +4,8 @@ import doctest
 
 import pytest
 
-import ntl_jax._core.fused
+import ntl_jax._core.checks
+import ntl_jax._core.cross_entropy
 import ntl_jax._core.losses
 import ntl_jax._core.number_tokens
 import ntl_jax._core.objective
@@ -12,8 +13,9 @@ import ntl_jax._core.tokenizer_pieces
 import ntl_jax.data.metrics
 import ntl_jax.flax._nnx
 
-MODULES = [ntl_jax._core.number_tokens, ntl_jax._core.tokenizer_pieces, ntl_jax._core.losses, ntl_jax._core.objective,
-           ntl_jax._core.fused, ntl_jax.flax._nnx, ntl_jax.data.metrics]
+MODULES = [ntl_jax._core.number_tokens, ntl_jax._core.tokenizer_pieces, ntl_jax._core.checks,
+           ntl_jax._core.cross_entropy, ntl_jax._core.losses, ntl_jax._core.objective,
+           ntl_jax.flax._nnx, ntl_jax.data.metrics]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

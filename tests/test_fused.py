@@ -247,14 +247,19 @@ def test_sharded_on_batch_and_vocabulary_equals_unsharded():
 
 
 def test_the_top_token_is_the_argmax_of_the_logits():
-    from ntl_jax._core.fused import fused_head_stats
+    from ntl_jax._core import objective
+    from ntl_jax._core.fused import head_stats_from_hidden
     from ntl_jax._core.options import Options
+    from ntl_jax._core.targets import number_target
 
     hidden, kernel, targets, weights = _inputs(seed=8)
     keep = weights > 0
+    options = Options(ntl_kind="none")
     for chunk_size in (7, 69):
-        _, clean, top = fused_head_stats(hidden, kernel, targets, weights, NT, Options(ntl_kind="none"),
-                                         chunk_size=chunk_size, with_top=True)
-        np.testing.assert_array_equal(clean, jnp.where(keep, targets, -1))
+        target = number_target(targets, weights, kernel.shape[1], NT, gce_sigma=options.gce_sigma)
+        _, top = head_stats_from_hidden(hidden, kernel, target, NT, objective.number_reads(options, with_value=True),
+                                        label_smoothing=options.label_smoothing, reweigh=options.reweigh,
+                                        chunk_size=chunk_size, with_top=True)
+        np.testing.assert_array_equal(target.ids, jnp.where(keep, targets, -1))
         logits = jnp.einsum("bld,dv->blv", jnp.where(keep[..., None], hidden, 0.0), kernel)
         np.testing.assert_array_equal(top, jnp.argmax(logits, axis=-1))

@@ -11,10 +11,23 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-import ntl_jax
-from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
-from ntl_jax._core import number_stats
-from ntl_jax._core.losses import target_distribution
+from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl
+from ntl_jax._core import variants
+from ntl_jax._core.targets import gaussian_label, number_target
+from tests.formulation import ntl_jax_under_test as ntl_jax
+
+cross_entropy_and_ntl = ntl_jax.cross_entropy_and_ntl
+
+
+def target_distribution(targets, number_tokens, gce_sigma):
+    """`(smoothed, q)`: GCE's label over the number tokens `[batch, length, N]` (the
+    one-hot where it does not smooth), as the objective builds it."""
+    target = number_target(targets, None, number_tokens.vocab_size, number_tokens)
+    one_hot = (targets[..., None] == jnp.asarray(number_tokens.ids)).astype(jnp.float32)
+    if gce_sigma == 0:
+        return jnp.zeros(targets.shape, bool), one_hot
+    target = target._replace(label=gaussian_label(target, number_tokens, gce_sigma))
+    return target.label.smoothed, variants._gce_label(target, number_tokens)
 
 # Digits at scattered ids (their value order is not their id order).
 DIGITS = NumberTokens.from_pieces(["<pad>", "</s>", "7", "x", "3", "0", ".", "9", "1", "y", "5", "2", "8", "4", "6"])
@@ -275,17 +288,17 @@ def _count_shaped(jaxpr, shape):
     return count
 
 
-def test_no_array_of_the_logits_shape_is_added(monkeypatch):
+def test_no_array_of_the_logits_shape_is_added():
     # The smoothed label lives on the N number tokens: taking the number columns (the
     # CPU's formulation), the loss and its gradient use the same [batch, length, vocab]
     # operations with and without it. (With masked reductions over the vocabulary the
     # label's sum is one more of them, fused with the others: see benchmarks/tpu_cost.py.)
-    monkeypatch.setattr(number_stats, "_FORCE", "columns")
     logits, targets, weights = _inputs(WIDE, seed=18)
     logits = jnp.nan_to_num(logits)
 
     def count(**options):
-        f = jax.value_and_grad(lambda x: cross_entropy_and_ntl(x, targets, WIDE, weights=weights, **options)[0])
+        f = jax.value_and_grad(lambda x: cross_entropy_and_ntl(x, targets, WIDE, weights=weights, formulation="columns",
+                                                               **options)[0])
         return _count_shaped(jax.make_jaxpr(f)(logits).jaxpr, logits.shape)
 
     base = count(ntl_kind="was")

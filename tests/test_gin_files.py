@@ -27,6 +27,8 @@ EXPERIMENTS = [f for f in GIN_FILES if f.startswith("experiments/")]
 LOSS_FILES = [f for f in GIN_FILES if f.startswith("losses/")]
 # The loss of each earlier experiment file, by its suffix: (NTL_KIND, NTL_WEIGHT).
 EARLIER_LOSSES = {"ce": ("was", 0.0), "ntl_mse": ("mse", 0.3), "ntl_was": ("was", 0.3)}
+# NTL's successors at their authors' weights (docs/guides/losses.md).
+SUCCESSOR_LOSSES = {"del": ("del", 0.003), "dist2": ("dist2", 0.1)}
 # Integer vocab sizes allowed in gin files: T5X's own value in a file that restates T5X's.
 LITERAL_VOCAB_SIZES = {"models/decoder_only_base_ntl.gin": 32128}
 
@@ -118,7 +120,7 @@ def test_the_layout():
     sizes = {"scratch": ("small", "base"), "finetune": ("small", "base", "large", "xl")}
     expected = {f"experiments/{p}/{s}_{t}.gin" for p in sizes for s in sizes[p] for t in ("arithmetic", "math13")}
     assert set(EXPERIMENTS) == expected | {"experiments/scratch/tiny_byte_arithmetic.gin"}
-    assert LOSS_FILES == [f"losses/{loss}.gin" for loss in sorted(EARLIER_LOSSES)]
+    assert LOSS_FILES == [f"losses/{loss}.gin" for loss in sorted(EARLIER_LOSSES | SUCCESSOR_LOSSES)]
 
 
 def test_every_gin_file_the_documentation_names_exists():
@@ -178,7 +180,8 @@ def test_experiments_leave_the_loss_to_the_macros():
         assert effective_loss([name], []) == ("was", 0.3), name
     for name in LOSS_FILES:
         assert set(macros(name)) == {"NTL_KIND", "NTL_WEIGHT"}, name
-        assert effective_loss([EXPERIMENTS[0], name], []) == EARLIER_LOSSES[pathlib.PurePosixPath(name).stem]
+        want = (EARLIER_LOSSES | SUCCESSOR_LOSSES)[pathlib.PurePosixPath(name).stem]
+        assert effective_loss([EXPERIMENTS[0], name], []) == want
 
 
 @pytest.mark.parametrize("name", ["models/ntl_encoder_decoder.gin", "models/ntl_decoder_only.gin"])
@@ -207,5 +210,5 @@ def test_the_paper_runs_leave_the_loss_to_the_macros():
         assert not {k for k in macros(name) if k.startswith("NTL_")}, name
         assert effective_loss([name], []) == ("was", 0.3), name
         for loss in LOSS_FILES:
-            expected = EARLIER_LOSSES[pathlib.PurePosixPath(loss).stem]
+            expected = (EARLIER_LOSSES | SUCCESSOR_LOSSES)[pathlib.PurePosixPath(loss).stem]
             assert effective_loss([name, loss], []) == expected, (name, loss)

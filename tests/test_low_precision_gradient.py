@@ -14,6 +14,7 @@ import pytest
 
 import ntl_jax
 from ntl_jax import NumberTokens
+from ntl_jax._core import variants
 from tests.conftest import FORMULATIONS
 from tests.grid import pairwise
 
@@ -57,7 +58,7 @@ def test_16_bit_gradient_is_the_rounded_float32_gradient(count, dtype, formulati
     nt, logits, targets, weights = problem(count)
 
     def f(x):
-        return ntl_jax.ntl_was(x, targets, nt, weights=weights, reduction="mean")
+        return ntl_jax.ntl_was(x, targets, nt, weights=weights, reduction="mean", formulation=formulation)
 
     grad = jax.jit(jax.grad(f))(logits.astype(dtype))
     want = jax.jit(jax.grad(f))(logits.astype(dtype).astype(jnp.float32))
@@ -83,7 +84,8 @@ def test_16_bit_objective_gradient_is_the_rounded_float32_gradient(count, option
     nt, logits, targets, weights = problem(count)
 
     def f(x):
-        return ntl_jax.cross_entropy_and_ntl(x, targets, nt, weights=weights, z_loss=1e-4, **options)[0]
+        return ntl_jax.cross_entropy_and_ntl(x, targets, nt, weights=weights, z_loss=1e-4, formulation=formulation,
+                                             **options)[0]
 
     value, grad = jax.jit(jax.value_and_grad(f))(logits.astype(dtype))
     want_value, want = jax.jit(jax.value_and_grad(f))(logits.astype(dtype).astype(jnp.float32))
@@ -104,7 +106,7 @@ def test_16_bit_objective_forward_mode_and_hessian(dtype, reweigh, formulation):
 
     def f(x):
         return ntl_jax.cross_entropy_and_ntl(x, targets[:1, :3], nt, weights=weights[:1, :3], ntl_kind="mse",
-                                             label_smoothing=0.1, reweigh=reweigh)[0]
+                                             label_smoothing=0.1, reweigh=reweigh, formulation=formulation)[0]
 
     assert_forward_mode_and_hessian(f, low)
 
@@ -118,7 +120,8 @@ def test_16_bit_forward_mode_and_hessian(dtype, formulation):
     low = logits[:1, :3].astype(dtype)
 
     def f(x):
-        return ntl_jax.ntl_was(x, targets[:1, :3], nt, weights=weights[:1, :3], reduction="sum")
+        return ntl_jax.ntl_was(x, targets[:1, :3], nt, weights=weights[:1, :3], reduction="sum",
+                               formulation=formulation)
 
     assert_forward_mode_and_hessian(f, low)
 
@@ -171,7 +174,7 @@ def test_number_columns_are_gathered_from_the_16_bit_logits():
     of them the TPU's formulation gathers them too, from the logits in their own dtype
     (gathered from the widened logits, XLA writes all of them out in float32 first), and
     scatters their gradient into the float32 one; the GPUs' gathers the gradient back.
-    (The CPU's gathers from the widened logits, see `number_stats._from_widened_columns`.)"""
+    (The CPU's gathers from the widened logits, see `number_stats._by_formulation`.)"""
     nt = scattered_table(512, 40)
     args = (jax.ShapeDtypeStruct((2, 4, 512), jnp.bfloat16), jax.ShapeDtypeStruct((2, 4), jnp.int32))
     grad = jax.jit(jax.grad(lambda lg, t: ntl_jax.cross_entropy_and_ntl(lg, t, nt, ntl_kind="was_cdf",
@@ -200,7 +203,7 @@ def test_reweigh_gradient_off_the_numbers_at_a_small_number_mass(shift, formulat
     logits = 3.0 * rng.standard_normal((1, 1, vocab))
     logits[..., ids] -= shift
     target = jnp.asarray([[ids[np.flatnonzero(np.asarray(nt.number_values) == 3)[0]]]], jnp.int32)
-    ceiling = float(ntl_jax._core.losses.VARIANTS["was"].ceiling(nt, None))
+    ceiling = float(variants.VARIANTS["was"].ceiling(nt))
 
     # The gradient in closed form, float64, every factor formed without cancellation
     # (autodiff of a float64 softmax would form d rest = p_v (1 - rest), float64's eps
@@ -219,7 +222,8 @@ def test_reweigh_gradient_off_the_numbers_at_a_small_number_mass(shift, formulat
     want = (c - w) * mass * p
     want[ids] = mass * inner * (distance - w) + (w - c) * p[ids] * rest
     assert (1e-6 < mass < 3e-6) if shift == 3.0 else (3e-13 < mass < 3e-12), mass
-    got = np.asarray(jax.grad(lambda z: ntl_jax.ntl_was(z, target, nt, reweigh=True, reduction="sum"))(
+    got = np.asarray(jax.grad(lambda z: ntl_jax.ntl_was(z, target, nt, reweigh=True, reduction="sum",
+                                                        formulation=formulation))(
         jnp.asarray(logits, jnp.float32)))[0, 0].astype(np.float64)
     relative = np.abs(got[~is_number] - want[~is_number]) / np.abs(want[~is_number])
     assert np.median(relative) <= 1e-5, np.median(relative)

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ntl_jax
 from ntl_jax import NumberTokens
+from tests.formulation import ntl_jax_under_test as ntl_jax
 
 PIECES = ["<pad>", "</s>", "x", "."] + list("0123456789")
 NT = NumberTokens.from_pieces(PIECES)
@@ -153,3 +153,12 @@ def test_objective_parts_and_errors():
         ntl_jax.cross_entropy_and_ntl(LOGITS, TARGETS, NT, ntl_kind="wass")
     grads = jax.grad(lambda l: ntl_jax.cross_entropy_and_ntl(l, TARGETS, NT, reweigh=True)[0])(LOGITS)
     assert np.isfinite(np.asarray(grads)).all()
+
+
+def test_label_smoothing_on_a_one_token_vocabulary_is_t5x_s():
+    # T5X smooths onto no other token: the label is `confidence` on the only one, whose
+    # probability is 1, so each position costs `confidence * log(confidence)`.
+    loss, _, weight_sum = ntl_jax.weighted_cross_entropy(jnp.zeros((1, 2, 1)), jnp.zeros((1, 2), jnp.int32),
+                                                         label_smoothing=0.1)
+    np.testing.assert_allclose(float(loss), 2 * 0.9 * np.log(0.9), rtol=1e-6)
+    assert float(weight_sum) == 2.0

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ntl_jax
 from tests import ntloss_cases as cases
+from tests.formulation import ntl_jax_under_test as ntl_jax
 
 # The number-level variant by its float_level (ntloss's name for it).
 NUMBER_LEVEL = {False: "number_level", True: "number_level_float"}

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ntl_jax._core.options import Options
 from ntl_jax.t5x import _loss as t5x_loss
 from tests import xla_flags
 from tests.test_t5x_model_loss import (
@@ -149,9 +150,9 @@ def test_model_loss_from_hidden_equals_model_loss():
     hidden = jnp.asarray(rng.normal(size=(3, 10, D_MODEL)), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(D_MODEL, WIDTH)), jnp.float32)
     for factor in FACTORS:
-        want = t5x_loss.model_loss(hidden @ kernel, batch, NT, loss_normalizing_factor=factor, reweigh=True)
-        got = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, loss_normalizing_factor=factor,
-                                              reweigh=True, chunk_size=7)
+        want = t5x_loss.model_loss(hidden @ kernel, batch, NT, Options(reweigh=True), loss_normalizing_factor=factor)
+        got = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, Options(reweigh=True),
+                                              loss_normalizing_factor=factor, chunk_size=7)
         np.testing.assert_allclose(got.loss, want.loss, rtol=2e-5)
         np.testing.assert_allclose(got.mask, want.mask)
         for name, (total, count) in want.averages.items():
@@ -277,14 +278,14 @@ def _vocab_parallel_checks():
     # model_loss_from_hidden: 6 columns per shard, in chunks of 4 (the last one moved back).
     # (Every variant, factor and chunk size: tests/test_vocab_parallel.py.)
     cases = {
-        "was reweigh smoothing z AVERAGE_PER_SEQUENCE": dict(
-            reweigh=True, label_smoothing=0.1, z_loss=1e-3, loss_normalizing_factor="AVERAGE_PER_SEQUENCE",
-            chunk_size=4),
+        "was reweigh smoothing z AVERAGE_PER_SEQUENCE": (
+            Options(reweigh=True, label_smoothing=0.1, z_loss=1e-3),
+            dict(loss_normalizing_factor="AVERAGE_PER_SEQUENCE", chunk_size=4)),
     }
-    for name, options in cases.items():
-        def run(vocab_axis, options=options):
+    for name, (options, arguments) in cases.items():
+        def run(vocab_axis, options=options, arguments=arguments):
             def loss(h, k):
-                out = t5x_loss.model_loss_from_hidden(h, k, batch, NT, vocab_axis=vocab_axis, **options)
+                out = t5x_loss.model_loss_from_hidden(h, k, batch, NT, options, vocab_axis=vocab_axis, **arguments)
                 return out.loss, out._replace(segment_ids={})
 
             f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import ntl_jax
+from ntl_jax._core.options import Options
 from ntl_jax.t5x import _loss as t5x_loss
 
 PIECES = ["<pad>", "</s>", "a", "b", "c"] + list("0123456789") + ["."]
@@ -127,8 +128,9 @@ def numpy_was(logits, targets):
     return np.where(is_digit, per_position, 0.0), is_digit
 
 
-def loss_of(logits, batch, **options):
-    return t5x_loss.model_loss(logits, batch, NT, **options)
+def loss_of(logits, batch, loss_normalizing_factor=None, **options):
+    """`model_loss` with the objective's options as keywords (`Options`)."""
+    return t5x_loss.model_loss(logits, batch, NT, Options(**options), loss_normalizing_factor)
 
 
 # -- the fake T5X base class -----------------------------------------------------------
@@ -574,9 +576,9 @@ def test_gce_and_was_cdf_match_the_float64_reference(factor):
     rng = np.random.default_rng(23)
     hidden = jnp.asarray(rng.normal(size=(3, 10, 5)), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(5, WIDTH)), jnp.float32)
-    options = dict(ntl_kind="was_cdf", gce_sigma=1.5, loss_normalizing_factor=factor)
-    fused = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, chunk_size=7, **options)
-    unfused = loss_of(jnp.einsum("bld,dv->blv", hidden, kernel), batch, **options)
+    options = dict(ntl_kind="was_cdf", gce_sigma=1.5)
+    fused = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, Options(**options), factor, chunk_size=7)
+    unfused = loss_of(jnp.einsum("bld,dv->blv", hidden, kernel), batch, loss_normalizing_factor=factor, **options)
     np.testing.assert_allclose(float(fused.loss), float(unfused.loss), rtol=2e-5)
 
 

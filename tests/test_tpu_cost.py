@@ -111,6 +111,9 @@ def test_loop_bodies_are_counted_once_per_trip(tpu):
     # statistics are the objective's "was +rw" below.
     ("t5", "bf16", ("was", "was_cdf", "number_level_float"), (False,)),
     ("llama3", "bf16", ("was_cdf",), (False,)),
+    # NTL's successors: expectations of functions of the logit (DEL) and a weighted sum
+    # of the logits (DIST²) in the TPU's masked reductions
+    ("t5", "bf16", ("del", "dist2"), (False,)),
 ])
 def test_standalone_loss_adds_at_most_5_percent_to_optax_ce(tpu, vocab, dtype, kinds, reweighs):
     rows = tpu_cost.standalone_rows(vocab, dtype, kinds, reweighs=reweighs)
@@ -128,6 +131,8 @@ def test_standalone_loss_adds_at_most_5_percent_to_optax_ce(tpu, vocab, dtype, k
     # not "was_cdf gce_sigma 1": against a smoothed label NTL-WAS-CDF needs every number
     # token's column, which beyond 32 of them it gathers (2.14x at 1,110; see docs/performance.md)
     ("llama3", "bf16", ("was_cdf", "was gce_sigma 1")),
+    # float32, where the objective and optax's CE read the logits alike
+    ("t5", "f32", ("del", "dist2")),
 ])
 def test_objective_reads_no_more_than_optax_ce(tpu, vocab, dtype, settings):
     rows = tpu_cost.objective_rows(vocab, dtype, settings)

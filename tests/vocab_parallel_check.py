@@ -19,8 +19,10 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl  # noqa: E402
-from ntl_jax._core.fused import fused_head_stats  # noqa: E402
+from ntl_jax._core import objective  # noqa: E402
+from ntl_jax._core.fused import head_stats_from_hidden  # noqa: E402
 from ntl_jax._core.options import Options  # noqa: E402
+from ntl_jax._core.targets import number_target  # noqa: E402
 from ntl_jax._core.vocab_parallel import vocab_shards  # noqa: E402
 from tests.grid import long_run  # noqa: E402
 from tests.objective_options import FACTORS, OPTIONS  # noqa: E402
@@ -174,8 +176,11 @@ def check_bfloat16_and_the_argmax():
     kernel = kernel.at[:, 90].set(kernel[:, 10])
 
     def top(shards):
-        return fused_head_stats(hidden, kernel, targets, weights, NT, Options(ntl_kind="none"), chunk_size=CHUNK,
-                                with_top=True, shards=shards)[2]
+        options = Options(ntl_kind="none")
+        target = number_target(targets, weights, VOCAB, NT, gce_sigma=options.gce_sigma)
+        return head_stats_from_hidden(hidden, kernel, target, NT, objective.number_reads(options, with_value=True),
+                                      label_smoothing=options.label_smoothing, reweigh=options.reweigh,
+                                      chunk_size=CHUNK, with_top=True, shards=shards)[1]
 
     sharded = jax.jit(lambda: top(vocab_shards("model", mesh, VOCAB, B)))()
     logits = jnp.einsum("bld,dv->blv", jnp.where((weights > 0)[..., None], hidden, 0.0), kernel)

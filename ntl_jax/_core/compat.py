@@ -31,3 +31,14 @@ def nnx_declared_pytree(cls: type) -> bool | None:
     `_pytree__is_pytree`, with no public accessor for a class.
     """
     return getattr(cls, "_pytree__is_pytree", None)
+
+
+def is_traced(x) -> bool:
+    """Whether `x` is a tracer (inside `jit`, `grad`, ...), whose values Python cannot read.
+
+    JAX has no public predicate for this; `jax.core.Tracer` is the class every tracer
+    derives from, in a module JAX is moving behind `jax.extend`.
+    """
+    import jax
+
+    return isinstance(x, jax.core.Tracer)

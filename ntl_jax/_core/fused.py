@@ -9,7 +9,8 @@ the log-normaliser over the rest of the vocabulary is streamed over vocabulary c
 of `[batch * length, chunk]`, and its custom gradient recomputes each chunk's logits in
 the backward pass, writing each chunk of the kernel's gradient once (chunking over the
 vocabulary rather than the tokens needs no float32 accumulator the size of the kernel).
-From the statistics on, the arithmetic is `cross_entropy_and_ntl`'s own.
+From the statistics on (`head_stats.HeadStats`), the arithmetic is
+`cross_entropy_and_ntl`'s own (`objective.objective_from_head`).
 
 With the kernel's columns sharded over a mesh axis (`vocab_axis`), each device streams
 its own columns under `jax.shard_map` and the per-token statistics are combined across
@@ -21,16 +22,15 @@ kernel's gradient, so the kernel is never gathered.
 from __future__ import annotations
 
 import functools
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.typing import ArrayLike
 
-from ntl_jax._core import losses, number_stats, objective, vocab_parallel
+from ntl_jax._core import number_stats, vocab_parallel
+from ntl_jax._core.head_stats import HeadStats
+from ntl_jax._core.number_stats import NumberReads
 from ntl_jax._core.number_tokens import NumberTokens
-from ntl_jax._core.options import Options
+from ntl_jax._core.targets import NumberTarget
 
 # Default chunk: about this many float32 logits held at a time (32 MiB).
 _CHUNK_ELEMENTS = 1 << 23
@@ -277,170 +277,23 @@ def _vocab_stats_bwd(chunk, with_sum, with_top, shards, residuals, cotangents):
 _vocab_stats.defvjp(_vocab_stats_fwd, _vocab_stats_bwd)
 
 
-def check_chunk_size(chunk_size, name: str = "chunk_size") -> None:
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1
-    ):
-        raise ValueError(f"expected {name} None or a positive int, got {chunk_size!r}")
-
-
-def check_fused_inputs(hidden, kernel, targets, number_tokens, weights=None, chunk_size=None):
-    """The input checks of `fused_cross_entropy_and_ntl` at trace time; returns
-    `weights` as float32 (or None)."""
-    _check_hidden_and_kernel(hidden, kernel, targets, number_tokens)
-    check_chunk_size(chunk_size)
-    return losses.check_weights(weights, jnp.shape(targets))
-
-
-def _check_hidden_and_kernel(hidden, kernel, targets, number_tokens) -> None:
-    if not isinstance(number_tokens, NumberTokens):
-        raise TypeError(f"expected number_tokens to be a NumberTokens, got {type(number_tokens).__name__}")
-    losses.check_array("hidden", hidden, "[batch, length, d_model]")
-    losses.check_array("kernel", kernel, "[d_model, vocab]")
-    losses.check_array("targets", targets, "[batch, length]")
-    if jnp.ndim(hidden) != 3:
-        raise ValueError(f"expected hidden of rank 3 [batch, length, d_model], got shape {jnp.shape(hidden)}")
-    if jnp.ndim(kernel) != 2:
-        raise ValueError(f"expected kernel of rank 2 [d_model, vocab], got shape {jnp.shape(kernel)}")
-    for name, x in (("hidden", hidden), ("kernel", kernel)):
-        if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-            raise TypeError(f"expected floating-point {name} (f32, bf16 or f16), got {jnp.result_type(x)}")
-    if jnp.shape(kernel)[0] != jnp.shape(hidden)[-1]:
-        raise ValueError(
-            f"expected kernel of shape [d_model={jnp.shape(hidden)[-1]}, vocab] (hidden's last axis), "
-            f"got {jnp.shape(kernel)}"
-        )
-    if jnp.shape(kernel)[1] < number_tokens.vocab_size:
-        raise ValueError(
-            f"expected a kernel with >= {number_tokens.vocab_size} columns (the vocabulary size of "
-            f"number_tokens), got {jnp.shape(kernel)[1]}"
-        )
-    if jnp.ndim(targets) != 2 or jnp.shape(targets) != jnp.shape(hidden)[:2]:
-        raise ValueError(
-            f"expected targets of shape {jnp.shape(hidden)[:2]} (hidden's first two axes), got {jnp.shape(targets)}"
-        )
-    if not jnp.issubdtype(jnp.result_type(targets), jnp.integer):
-        raise TypeError(f"expected integer targets (token ids), got {jnp.result_type(targets)}")
-
-
-def fused_cross_entropy_and_ntl(
-    hidden: ArrayLike,
-    kernel: ArrayLike,
-    targets: ArrayLike,
-    number_tokens: NumberTokens,
-    *,
-    weights: ArrayLike | None = None,
-    ntl_kind: str | Callable = "was",
-    ntl_weight: float = 0.3,
-    reweigh: bool = False,
-    squash_factor: float | None = None,
-    label_smoothing: float = 0.0,
-    z_loss: float = 0.0,
-    gce_sigma: float = 0.0,
-    loss_normalizing_factor=None,
-    decoder_segment_ids=None,
-    decoder_positions=None,
-    chunk_size: int | None = None,
-    vocab_axis: str | None = None,
-    sequence_parallel: bool = False,
-    mesh=None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """`cross_entropy_and_ntl(hidden @ kernel, ...)` without the logits in memory.
-
-    The same loss and parts (to float32 rounding), and the same gradients with respect
-    to `hidden` and `kernel`, while the largest temporary is one `[batch * length,
-    chunk_size]` float32 block instead of several `[batch, length, vocab]` ones. The
-    backward pass recomputes each chunk's logits (one more matmul than the unfused
-    path).
-
-    Args:
-      hidden: `[batch, length, d_model]` floating, the decoder's output before the
-        logits projection (after its final norm and dropout).
-      kernel: `[d_model, vocab]` floating, the projection (T5.1.1's `logits_dense`
-        kernel). With logits tied to the embedding (`logits_via_embedding`), pass the
-        embedding table transposed, `embedding.T`, and fold T5's `1/sqrt(d_model)`
-        logit scaling into `hidden` (`hidden / jnp.sqrt(d_model)`): the logits are
-        linear in both.
-      targets, number_tokens: as in `cross_entropy_and_ntl`; the kernel has a column
-        per id of `number_tokens`' vocabulary, or more (ids beyond it are no numbers).
-        Targets outside `[0, kernel.shape[1])` are ignored without an error (T5X's
-        rule); `check_targets(targets, kernel.shape[1])` raises for them instead.
-      weights: and the other options (`ntl_kind`, `ntl_weight`, `reweigh`, `squash_factor`,
-        `label_smoothing`, `z_loss`, `gce_sigma`, `loss_normalizing_factor`,
-        `decoder_segment_ids`, `decoder_positions`): exactly as in `cross_entropy_and_ntl`
-        (Gaussian smoothing needs only the number tokens' logits, which the head computes
-        anyway): with `weights=None` pad targets count unless the factor is a special one.
-      chunk_size: vocabulary columns per chunk (per device when sharded); None picks
-        about 8M logits per chunk (`default_chunk_size`), and with `vocab_axis` the
-        same number of chunks, each over a device's share of the columns and tokens.
-        Any size works.
-      vocab_axis: the name of the mesh axis the kernel's columns are sharded over
-        (T5X: `"model"`), for vocabulary-parallel training: each device streams only
-        its own columns, the per-token statistics are combined across the axis (a
-        maximum and a sum), the `d_model x n` number-token columns are summed to every
-        device, and the backward pass writes each device's slice of the kernel's
-        gradient; the kernel is never gathered. The mesh's other axes shard the tokens
-        (hidden states on the batch axis). The vocabulary must divide by the axis size.
-        None (default): no mesh needed; under `jit` with sharded inputs XLA partitions
-        the computation itself, gathering the kernel.
-      sequence_parallel: with `vocab_axis`, whether `hidden` arrives with its sequence
-        split over `vocab_axis` too (`P(batch axes, vocab_axis, None)`, Megatron-LM's
-        sequence parallelism): each device gathers its batch shard's whole sequence
-        inside the head and gets back its own part of the hidden states' gradient (a
-        reduce-scatter where the default sums it to every device), so neither the
-        hidden states nor their gradient are held whole per device outside the head.
-        The length must divide by the axis size.
-      mesh: the `jax.sharding.Mesh` for `vocab_axis`; None takes the mesh in context
-        (`with mesh:`, as T5X's partitioner runs, or `jax.set_mesh`).
-
-    Mixed dtypes are promoted (`jnp.result_type(hidden, kernel)`); products accumulate
-    in float32 and no float32 `[batch, length, vocab]` array is formed.
-
-    Returns:
-      `(loss, parts)` as `cross_entropy_and_ntl`.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> nt = NumberTokens.from_pieces(["<pad>", "</s>", "0", "1", "2"])
-      >>> hidden, kernel = jnp.ones((1, 2, 3)), jnp.zeros((3, 5))
-      >>> loss, parts = fused_cross_entropy_and_ntl(hidden, kernel, jnp.array([[3, 1]]), nt,
-      ...     loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
-      >>> round(float(parts["cross_entropy"]), 4), round(float(parts["ntl"]), 4)  # log 5; (2/3)/2
-      (1.6094, 0.3333)
-    """
-    options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
-                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma)
-    weights = check_fused_inputs(hidden, kernel, targets, number_tokens, weights, chunk_size)
-    vocab = jnp.shape(kernel)[1]
-    weights, factor = objective.resolve_weights_and_factor(
-        targets, weights, vocab, loss_normalizing_factor,
-        decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
-    )
-    head, targets, _ = fused_head_stats(
-        hidden, kernel, targets, weights, number_tokens, options, chunk_size=chunk_size,
-        shards=vocab_parallel.vocab_shards(vocab_axis, mesh, jnp.shape(kernel)[1], jnp.shape(hidden)[0],
-                                           jnp.shape(hidden)[1], sequence_parallel),
-    )
-    return objective.objective_from_head(head, targets, weights, factor, number_tokens, options, vocab=vocab)
-
-
-def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberTokens, options: Options, *,
-                     chunk_size=None, with_top=False, shards: vocab_parallel.VocabShards | None = None):
-    """`(HeadStats, targets, top_ids)` of the logits `hidden @ kernel` under resolved
-    `weights`, streamed over vocabulary chunks (see the module docstring): the targets
-    come back -1 at ignored positions (weight 0, or outside the kernel's vocabulary);
-    `top_ids` `[batch, length]` is the argmax over the vocabulary with `with_top`,
-    else None. With `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over
-    its mesh. Inputs are checked (`check_fused_inputs`). The number statistics hold
-    what `options.ntl_kind` reads (`"none"`: none), the expected value, and the label
-    logit of the GCE label.
+def head_stats_from_hidden(hidden, kernel, target: NumberTarget, number_tokens: NumberTokens,
+                           reads: NumberReads | None, *, label_smoothing: float = 0.0, reweigh: bool = False,
+                           chunk_size=None, with_top: bool = False,
+                           shards: vocab_parallel.VocabShards | None = None):
+    """`(HeadStats, top_ids)` of the logits `hidden @ kernel` (checked), streamed over
+    vocabulary chunks (see the module docstring), at the positions `target.keep`;
+    `top_ids` `[batch, length]` is the argmax over the vocabulary with `with_top`, else
+    None. With `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over its
+    mesh. The number statistics are those `reads` names (None: none), from the number
+    tokens' columns (`number_stats.from_columns`).
     """
     dtype = jnp.result_type(hidden, kernel)
     kernel = jnp.asarray(kernel, dtype)
     vocab = kernel.shape[1]
+    keep = target.keep
     # Ignored positions: zero hidden states give the zero logits the unfused path uses
     # there, and NaN or inf in them reach neither the loss nor the gradient.
-    keep, targets = losses.keep_positions(targets, weights, vocab)
     hidden = jnp.where(keep[..., None], jnp.asarray(hidden, dtype), jnp.zeros((), dtype))
     batch, length, _ = hidden.shape
     vocab_shards_count = 1 if shards is None else dict(shards.mesh.shape)[shards.vocab_axis]
@@ -453,29 +306,23 @@ def fused_head_stats(hidden, kernel, targets, weights, number_tokens: NumberToke
             chunk_size = max(chunk_size // vocab_shards_count // 128 * 128, 128)
     chunk = min(int(chunk_size), width)
     rest_lse, target_logit, logit_sum, number_logits, top_id = _vocab_stats(
-        hidden, kernel, jnp.maximum(targets, 0),
-        jnp.asarray(number_tokens.ids), chunk, options.label_smoothing > 0, with_top, shards,
+        hidden, kernel, jnp.maximum(target.ids, 0),
+        jnp.asarray(number_tokens.ids), chunk, label_smoothing > 0, with_top, shards,
     )
     shape = (batch, length)
-    number_logits = number_logits.reshape(shape + (-1,))
-    label = losses.gaussian_label(targets, number_tokens, options.gce_sigma) if options.smoothed else None
-    reads = losses.variant_reads(options.variant, label is not None, (number_stats.VALUE,))
-    target_value, target_rank = losses.target_stats_inputs(targets, number_tokens, reads)
-    numbers = number_stats.from_columns(
-        number_logits, keep, target_value, label, number_tokens=number_tokens, reads=reads, target_rank=target_rank,
-        squash_factor=options.squash_factor if number_stats.DISTANCE in reads else None,
-    )
+    numbers = number_stats.from_columns(number_logits.reshape(shape + (-1,)), target, number_tokens,
+                                        NumberReads() if reads is None else reads)
     number_lse = numbers.log_normalizer
     rest_lse = rest_lse.reshape(shape)
     log_normalizer = jnp.logaddexp(number_lse, rest_lse)
     masses = None
-    if options.reweigh:
+    if reweigh:
         masses = (jnp.exp(number_lse - log_normalizer), jnp.exp(rest_lse - log_normalizer))
-    head = objective.HeadStats(
+    head = HeadStats(
         log_normalizer=log_normalizer,
         target_logit=jnp.where(keep, target_logit.reshape(shape), 0.0),
-        logit_sum=logit_sum.reshape(shape) if options.label_smoothing > 0 else None,
-        numbers=numbers,
+        logit_sum=logit_sum.reshape(shape) if label_smoothing > 0 else None,
+        numbers=numbers if reads is not None else None,
         masses=masses,
     )
-    return head, targets, (top_id.reshape(shape) if with_top else None)
+    return head, (top_id.reshape(shape) if with_top else None)

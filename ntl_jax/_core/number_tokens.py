@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntl_jax._core.compat import is_traced
+
 _DIGITS = frozenset("0123456789")
 # GPT-2 byte-level BPE's space, SentencePiece's space, and a plain space: `prefixed_numbers`.
 _SPACE_PREFIXES = frozenset("Ġ▁ ")
@@ -265,43 +267,47 @@ class NumberTokens:
     def num_numbers(self) -> int:
         return int(self.ids.shape[0])
 
+    def at_numbers(self, table: Any, dtype) -> jax.Array:
+        """The `[N]` entries of a `[V]` per-token table (`digit_counts`, `opens_number`)
+        at the number tokens, in `dtype`: taken on the host for a concrete table (a
+        constant of the program; on the TPU a gathered element costs a memory tile)."""
+        if is_traced(table) or is_traced(self.ids):
+            return jnp.asarray(table, dtype)[jnp.asarray(self.ids)]
+        return jnp.asarray(np.asarray(table)[np.asarray(self.ids)], dtype)
+
     def distance_table(self, squash_factor: float | None = None) -> jax.Array:
         """`[N, N]` float32 table of |v_i - v_j| (ntloss's `dist_lookup`).
 
         With `squash_factor` s > 1 the off-diagonal distances are mapped linearly so the
         closest wrong token costs 1 and the farthest costs s; the diagonal stays 0.
         """
+        check_squash_factor(squash_factor)
+        if squash_factor is not None:
+            self.check_squashable()
         v = jnp.asarray(self.number_values, jnp.float32)
         return self.squash(jnp.abs(v[:, None] - v[None, :]), squash_factor)
 
     def squash(self, distances: jax.Array, squash_factor: float | None) -> jax.Array:
-        """Maps |v_i - v_j| distances (any shape) to their squashed costs.
-
-        Off-diagonal distances are mapped linearly so the closest wrong token of the
-        table costs 1 and the farthest costs `squash_factor`; a zero distance stays 0.
-        None leaves the distances as they are.
+        """Maps |v_i - v_j| distances (any shape) to their squashed costs, for a checked
+        `squash_factor`: off-diagonal distances are mapped linearly so the closest wrong
+        token of the table costs 1 and the farthest `squash_factor`; a zero distance
+        stays 0. None leaves the distances as they are.
         """
         if squash_factor is None:
             return distances
-        check_squash_factor(squash_factor)
-        self.check_squashable()
         v = jnp.asarray(self.number_values, jnp.float32)
         table = jnp.abs(v[:, None] - v[None, :])
         closest = jnp.min(jnp.where(table == 0, jnp.finfo(jnp.float32).max, table))
         spread = jnp.max(table) - closest
-        # Traced tables cannot be checked: with fewer than three distinct values every
-        # wrong token costs 1 instead of NaN.
+        # A traced table with fewer than three distinct values: every wrong token costs 1.
         scale = jnp.where(spread > 0, (squash_factor - 1.0) / jnp.where(spread > 0, spread, 1.0), 0.0)
         return jnp.where(distances == 0, 0.0, 1.0 + (distances - closest) * scale)
 
     def check_squashable(self) -> None:
-        """Raises ValueError if the number values cannot be squashed.
-
-        Squashing maps the closest wrong distance to 1 and the farthest to
-        `squash_factor`; it needs at least three distinct values (two different
-        nonzero distances). Only concrete tables are checked.
-        """
-        if isinstance(self.number_values, jax.core.Tracer):
+        """Raises ValueError if the number values cannot be squashed: squashing maps the
+        closest wrong distance to 1 and the farthest to `squash_factor`, so it needs at
+        least three distinct values. Only concrete tables are checked."""
+        if is_traced(self.number_values):
             return
         values = np.asarray(self.number_values, np.float64)
         distinct, counts = np.unique(values, return_counts=True)

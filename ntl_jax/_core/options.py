@@ -11,12 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ntl_jax._core import losses
-from ntl_jax._core.number_tokens import check_squash_factor
+from ntl_jax._core import checks, variants
 
 # What `ntl_kind` accepts besides a function `(prediction, target) -> loss`: a variant
-# of `losses.VARIANTS`, or "none" (cross-entropy without computing NTL).
-NTL_KINDS = losses.KINDS + ("none",)
+# of `variants.VARIANTS`, or "none" (cross-entropy without computing NTL).
+NTL_KINDS = variants.KINDS + ("none",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,11 +23,13 @@ class Options:
     """The objective's options; making one raises `ValueError`/`TypeError` for a bad one.
 
     - `ntl_kind`: a name of `NTL_KINDS` (`"none"`: no NTL term, none computed), a loss
-      function `(prediction, target) -> loss` (NTL-L_p with it) or a `losses.Variant`;
+      function `(prediction, target) -> loss` (NTL-L_p with it) or a `variants.Variant`;
     - `ntl_weight`: lambda, the NTL term's weight (>= 0);
     - `reweigh`, `squash_factor` (only with `"was"`): as in `ntl_was`;
     - `label_smoothing`, `z_loss`: T5X's cross-entropy options;
-    - `gce_sigma`: the Gaussian label's width (0: none), exclusive with `label_smoothing`.
+    - `gce_sigma`: the Gaussian label's width (0: none), exclusive with `label_smoothing`;
+    - `formulation`: how the number statistics are computed (`number_stats`): "auto"
+      (each backend's own), or one of `number_stats.FORMULATIONS` everywhere.
     """
 
     ntl_kind: Any = "was"
@@ -38,27 +39,34 @@ class Options:
     label_smoothing: float = 0.0
     z_loss: float = 0.0
     gce_sigma: float = 0.0
+    formulation: str = "auto"
 
     def __post_init__(self):
-        check_squash_factor(self.squash_factor)
+        checks.check_squash_factor(self.squash_factor)
         if self.ntl_kind != "none":
-            losses.check_kind(self.ntl_kind, self.squash_factor, name="ntl_kind")
+            checks.check_kind(self.ntl_kind, self.squash_factor)
         elif self.squash_factor is not None:
             raise ValueError("squash_factor applies only to ntl_kind='was', got ntl_kind='none'")
-        losses.check_real("ntl_weight", self.ntl_weight, low=0.0)
-        losses.check_bool("reweigh", self.reweigh)
-        losses.check_real("label_smoothing", self.label_smoothing, low=0.0, high=1.0)
-        losses.check_real("z_loss", self.z_loss, low=0.0)
-        if losses.check_gce_sigma(self.gce_sigma) > 0 and self.label_smoothing > 0:
+        checks.check_real("ntl_weight", self.ntl_weight, low=0.0)
+        checks.check_bool("reweigh", self.reweigh)
+        if self.reweigh and self.variant is not None and self.variant.ceiling is None:
+            raise ValueError(f"expected reweigh=False with ntl_kind={self.ntl_kind!r}, which has no largest value "
+                             "to charge for probability off the number tokens; got reweigh=True")
+        checks.check_real("label_smoothing", self.label_smoothing, low=0.0, high=1.0)
+        checks.check_real("z_loss", self.z_loss, low=0.0)
+        if checks.check_gce_sigma(self.gce_sigma) > 0 and self.label_smoothing > 0:
             raise ValueError(
                 "expected at most one of gce_sigma and label_smoothing (two smoothings of one label), "
                 f"got gce_sigma={self.gce_sigma} and label_smoothing={self.label_smoothing}"
             )
+        checks.check_formulation(self.formulation)
 
     @property
-    def variant(self):
-        """`ntl_kind` as the number statistics read it: None for `"none"`."""
-        return None if self.ntl_kind == "none" else self.ntl_kind
+    def variant(self) -> variants.Variant | None:
+        """The number loss, None for `"none"`."""
+        if self.ntl_kind == "none":
+            return None
+        return variants.variant_of(self.ntl_kind, squash_factor=self.squash_factor, smoothed=self.smoothed)
 
     @property
     def smoothed(self) -> bool:

@@ -7,7 +7,7 @@ import math
 import os
 import sys
 
-from ntl_jax._core.losses import KINDS
+from ntl_jax._core.variants import KINDS
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli.flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
 from ntl_jax.train import systems

@@ -21,16 +21,17 @@ Zausinger et al., "Regress, Don't Guess", ICML 2025 (arXiv:2411.02083).
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntl_jax._core import fused, losses, objective, vocab_parallel
+from ntl_jax._core import checks, fused, head_stats, normalization, objective, vocab_parallel
+from ntl_jax._core.number_stats import NumberReads, expected_value
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.options import NTL_KINDS, Options  # noqa: F401  (NTL_KINDS: the models re-export it)
+from ntl_jax._core.targets import number_target
 from ntl_jax.flax import _linen
 
 
@@ -45,8 +46,8 @@ def segment_ids(batch: Mapping[str, Any]) -> dict:
 
 
 def _is_special(loss_normalizing_factor) -> bool:
-    """T5X treats a string or an enum member as a special factor; None and numbers pass."""
-    return isinstance(loss_normalizing_factor, (str, enum.Enum))
+    """Whether the factor names a special one (the objective's own rule)."""
+    return normalization.special_factor(loss_normalizing_factor) is not None
 
 
 def resolve_weights(vocab: int, batch: Mapping[str, Any], loss_normalizing_factor):
@@ -58,13 +59,13 @@ def resolve_weights(vocab: int, batch: Mapping[str, Any], loss_normalizing_facto
     `NUM_REAL_TARGET_TOKENS` nor in a sequence's total for `AVERAGE_PER_SEQUENCE`).
     Without `decoder_loss_weights` the weights are T5X's for the factor: `targets > 0`
     for a special factor, every position otherwise. This is the resolution
-    `ntl_jax.cross_entropy_and_ntl` makes (`objective.resolve_weights_and_factor`).
+    `ntl_jax.cross_entropy_and_ntl` makes (`normalization.resolve_weights_and_factor`).
 
     Returns:
       `(weights, factor)`: `[batch, length]` float32, and None, the given number, or
       the resolved special factor (at least 1, so an empty batch gives 0, not NaN).
     """
-    weights, factor = objective.resolve_weights_and_factor(
+    weights, factor = normalization.resolve_weights_and_factor(
         batch["decoder_target_tokens"], batch.get("decoder_loss_weights"), vocab,
         loss_normalizing_factor,
         decoder_segment_ids=batch.get("decoder_segment_ids"), decoder_positions=batch.get("decoder_positions"),
@@ -89,13 +90,17 @@ def number_quality_totals(logits, targets, mask, number_tokens: NumberTokens) ->
       mask: `[batch, length]` or None.
       number_tokens: the output vocabulary's `NumberTokens`.
     """
-    value, mass = losses.predict_numbers(jax.lax.stop_gradient(logits), number_tokens)
-    return _number_totals(value, mass, targets, mask, number_tokens)
+    logits = jax.lax.stop_gradient(logits)
+    everywhere = number_target(jnp.zeros(jnp.shape(targets), jnp.int32), None, jnp.shape(logits)[-1], number_tokens)
+    head = head_stats.from_logits(logits, everywhere, number_tokens, NumberReads(means=(expected_value,)),
+                                  reweigh=True)
+    return _number_totals(head.numbers.means[expected_value], head.masses[0], targets, mask, number_tokens)
 
 
 def _number_totals(value, mass, targets, mask, number_tokens: NumberTokens) -> dict:
     """`number_quality_totals` from the predicted value and number mass `[batch, length]`."""
-    counted, target_value = losses.target_values(targets, number_tokens)
+    target = number_target(targets, None, number_tokens.vocab_size, number_tokens)
+    counted, target_value = target.is_number, target.value
     counted &= (mask > 0) if mask is not None else (targets != 0)
     count = jnp.sum(counted)
     abs_error = jnp.where(counted, jnp.abs(value - target_value), 0.0)
@@ -109,7 +114,7 @@ def _predictions(head, number_tokens: NumberTokens):
     """`(value, number_mass)` `[batch, length]` from the head's statistics, without
     gradient: the expected value the number statistics hold, and the mass from their
     normaliser and the loss's; no further pass over the vocabulary."""
-    value = jax.lax.stop_gradient(head.numbers.value)
+    value = jax.lax.stop_gradient(head.numbers.means[expected_value])
     if head.masses is not None:
         mass = head.masses[0]
     else:
@@ -148,15 +153,8 @@ def model_loss(
     logits,
     batch: Mapping[str, Any],
     number_tokens: NumberTokens,
-    *,
-    ntl_kind: str = "was",
-    ntl_weight: float = 0.3,
-    reweigh: bool = False,
-    squash_factor: Optional[float] = None,
-    label_smoothing: float = 0.0,
-    z_loss: float = 0.0,
+    options: Options = Options(),
     loss_normalizing_factor=None,
-    gce_sigma: float = 0.0,
 ) -> ModelLoss:
     """The NTL T5X models' loss and metric inputs from their logits and batch.
 
@@ -181,28 +179,26 @@ def model_loss(
       batch: the T5X batch (`decoder_target_tokens` required).
       number_tokens: the output vocabulary's `NumberTokens` (the network may round the
         vocabulary up: ids beyond the table are no numbers).
-      ntl_kind, ntl_weight, reweigh, squash_factor, gce_sigma: as `cross_entropy_and_ntl`
-        (`gce_sigma` > 0: Gaussian-smoothed cross-entropy, exclusive with label smoothing).
-      label_smoothing, z_loss, loss_normalizing_factor: the stock model's options.
+      options: the objective's `Options` (`ntl_kind`, `ntl_weight`, `reweigh`,
+        `squash_factor`, `gce_sigma`, and the stock model's `label_smoothing` and
+        `z_loss`), as the mixin builds them once per model.
+      loss_normalizing_factor: the stock model's.
 
     Returns:
       A `ModelLoss`.
     """
-    options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
-                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma)
-    return _model_loss(logits, batch, number_tokens, options, loss_normalizing_factor)
-
-
-def _model_loss(logits, batch, number_tokens: NumberTokens, options: Options, loss_normalizing_factor) -> ModelLoss:
     targets = batch["decoder_target_tokens"]
     vocab = jnp.shape(logits)[-1]
-    losses.check_inputs(logits, targets, number_tokens, batch.get("decoder_loss_weights"))
+    checks.check_logits_and_targets(logits, targets, number_tokens, batch.get("decoder_loss_weights"))
+    checks.check_loss_normalizing_factor(loss_normalizing_factor)
     weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
-    # As `cross_entropy_and_ntl`; the number statistics are kept for the metrics even when
+    # As `cross_entropy_and_ntl`; the expected value is kept for the metrics even when
     # the loss has no NTL term.
-    head, clean_targets = objective.logits_head_stats(logits, targets, weights, number_tokens, options,
-                                                      with_numbers=True)
-    return _model_loss_from_head(head, clean_targets, weights, factor, batch, number_tokens, options, vocab=vocab,
+    target = number_target(targets, weights, vocab, number_tokens, gce_sigma=options.gce_sigma)
+    head = head_stats.from_logits(logits, target, number_tokens, objective.number_reads(options, with_value=True),
+                                  label_smoothing=options.label_smoothing, reweigh=options.reweigh,
+                                  formulation=options.formulation)
+    return _model_loss_from_head(head, target, weights, factor, batch, number_tokens, options, vocab=vocab,
                                  loss_normalizing_factor=loss_normalizing_factor)
 
 
@@ -211,17 +207,11 @@ def model_loss_from_hidden(
     kernel,
     batch: Mapping[str, Any],
     number_tokens: NumberTokens,
-    *,
-    ntl_kind: str = "was",
-    ntl_weight: float = 0.3,
-    reweigh: bool = False,
-    squash_factor: Optional[float] = None,
-    label_smoothing: float = 0.0,
-    z_loss: float = 0.0,
+    options: Options = Options(),
     loss_normalizing_factor=None,
+    *,
     chunk_size: Optional[int] = None,
     vocab_axis: Optional[str] = None,
-    gce_sigma: float = 0.0,
 ) -> ModelLoss:
     """`model_loss(hidden @ kernel, ...)` without forming the logits
     (`ntl_jax.fused_cross_entropy_and_ntl`'s streaming; the same values to float32
@@ -234,25 +224,21 @@ def model_loss_from_hidden(
     columns: vocabulary-parallel, each device streams its own columns and the kernel
     is never gathered (`fused_cross_entropy_and_ntl`'s `vocab_axis`; the mesh's
     other axes shard the batch)."""
-    options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
-                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma)
-    return _model_loss_from_hidden(hidden, kernel, batch, number_tokens, options, loss_normalizing_factor,
-                                   chunk_size=chunk_size, vocab_axis=vocab_axis)
-
-
-def _model_loss_from_hidden(hidden, kernel, batch, number_tokens: NumberTokens, options: Options,
-                            loss_normalizing_factor, *, chunk_size, vocab_axis) -> ModelLoss:
     targets = batch["decoder_target_tokens"]
-    fused.check_fused_inputs(hidden, kernel, targets, number_tokens, batch.get("decoder_loss_weights"), chunk_size)
+    checks.check_hidden_and_kernel(hidden, kernel, targets, number_tokens, batch.get("decoder_loss_weights"),
+                                   chunk_size)
+    checks.check_loss_normalizing_factor(loss_normalizing_factor)
     vocab = jnp.shape(kernel)[1]
     weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
-    head, clean_targets, top = fused.fused_head_stats(
-        hidden, kernel, targets, weights, number_tokens, options, chunk_size=chunk_size, with_top=True,
+    target = number_target(targets, weights, vocab, number_tokens, gce_sigma=options.gce_sigma)
+    head, top = fused.head_stats_from_hidden(
+        hidden, kernel, target, number_tokens, objective.number_reads(options, with_value=True),
+        label_smoothing=options.label_smoothing, reweigh=options.reweigh, chunk_size=chunk_size, with_top=True,
         shards=vocab_parallel.vocab_shards(vocab_axis, None, vocab, jnp.shape(hidden)[0]),
     )
     correct = (top == targets).astype(jnp.float32)
     accuracy_inputs = (jnp.stack([correct, 1.0 - correct], axis=-1), jnp.zeros_like(targets))
-    return _model_loss_from_head(head, clean_targets, weights, factor, batch, number_tokens, options, vocab=vocab,
+    return _model_loss_from_head(head, target, weights, factor, batch, number_tokens, options, vocab=vocab,
                                  loss_normalizing_factor=loss_normalizing_factor, accuracy_inputs=accuracy_inputs)
 
 
@@ -285,12 +271,11 @@ def check_vocab_axis(vocab_axis, name: str = "fused_vocab_axis") -> None:
         raise ValueError(f"expected {name} None or the name of a mesh axis (such as 'model'), got an empty string")
 
 
-def _model_loss_from_head(head, clean_targets, weights, factor, batch, number_tokens, options: Options, *, vocab,
+def _model_loss_from_head(head, target, weights, factor, batch, number_tokens, options: Options, *, vocab,
                           loss_normalizing_factor, accuracy_inputs=None):
     """The common tail of `model_loss` and `model_loss_from_hidden`."""
     targets = batch["decoder_target_tokens"]
-    loss, parts = objective.objective_from_head(head, clean_targets, weights, factor, number_tokens, options,
-                                                vocab=vocab)
+    loss, parts = objective.objective_from_head(head, target, weights, factor, number_tokens, options, vocab=vocab)
     num_tokens = jnp.array(np.prod(jnp.shape(targets)))
     cross_entropy = parts["cross_entropy"]
     averages = {
@@ -366,8 +351,8 @@ class NTLLossMixin:
             digit_level=digit_level,
             gce_sigma=gce_sigma,
         )
-        losses.check_bool("fused_loss", fused_loss)
-        fused.check_chunk_size(fused_chunk_size, "fused_chunk_size")
+        checks.check_bool("fused_loss", fused_loss)
+        checks.check_chunk_size(fused_chunk_size, "fused_chunk_size")
         self._fused_loss = bool(fused_loss)
         self._fused_chunk_size = fused_chunk_size
         check_vocab_axis(fused_vocab_axis, "fused_vocab_axis")
@@ -385,7 +370,7 @@ class NTLLossMixin:
             options, ntl_weight=float(ntl_weight), gce_sigma=float(gce_sigma),
             squash_factor=None if squash_factor is None else float(squash_factor),
         )
-        losses.check_bool("digit_level", digit_level)
+        checks.check_bool("digit_level", digit_level)
         # Built once on the host from the output vocabulary; a closure constant in jit.
         self._number_tokens = NumberTokens.from_vocabulary(self.output_vocabulary, digit_level=digit_level)
 
@@ -425,14 +410,14 @@ class NTLLossMixin:
             with _linen.projection_skipped() as heads:
                 hidden = self._compute_logits(params, batch, dropout_rng)
             hidden, kernel = _linen.cast_like_projection(hidden, *_linen.projection_kernel(params, heads))
-            out = _model_loss_from_hidden(
+            out = model_loss_from_hidden(
                 hidden, kernel, batch, self._number_tokens, self._options, self._loss_normalizing_factor,
                 chunk_size=self._fused_chunk_size, vocab_axis=context_vocab_axis(self._fused_vocab_axis),
             )
             logits, targets = out.accuracy_inputs
         else:
             logits = self._compute_logits(params, batch, dropout_rng)
-            out = _model_loss(logits, batch, self._number_tokens, self._options, self._loss_normalizing_factor)
+            out = model_loss(logits, batch, self._number_tokens, self._options, self._loss_normalizing_factor)
             targets = batch["decoder_target_tokens"]
         metrics = self._compute_metrics(
             logits=logits,

@@ -1,0 +1,253 @@
+"""Every number loss against its plain reference (`variants.Variant.reference`: an
+explicit softmax over the number columns) in every formulation of the number
+statistics, values and gradients; NTL's successors DEL and DIST² against numpy
+references written from their papers and the DEL authors' code
+(tests/number_loss_references.py); their place weights, multi-digit tokens, decimal
+points, 16-bit logits, extreme logits, no number token, and the objective."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import ntl_jax
+from ntl_jax import NumberTokens
+from ntl_jax._core import digit_runs, variants
+from ntl_jax._core.number_stats import FORMULATIONS
+from ntl_jax._core.targets import number_target
+from tests import number_loss_references as ref
+
+# Digits at scattered ids, a point, a few other pieces; logits a few columns wider.
+PIECES = ["<pad>", "</s>", "7", "x", "3", "0", ".", "9", "1", "y", "5", "2", "8", "4", "6", "-", ","]
+DIGITS = NumberTokens.from_pieces(PIECES)
+# Multi-digit pieces and number tokens with a sign or a point (digit count 0).
+WIDE = NumberTokens.from_pieces(
+    ["<pad>", "</s>", "x", ".", "7", "07", "12", "3", "-1", "3.5", "00", "5", "99", "0", "120", "9", "45", "1", "2"],
+    digit_level=False,
+)
+EXTRA = 3
+B, L = 3, 12
+KINDS = [kind for kind in variants.KINDS]
+
+
+def inputs(nt, seed, scale=3.0):
+    """Logits, targets (mostly number tokens, some others, some out of range) and
+    weights (some 0), with NaN in the logits at one ignored position."""
+    rng = np.random.default_rng(seed)
+    vocab = nt.vocab_size + EXTRA
+    logits = rng.standard_normal((B, L, vocab)) * scale
+    ids = np.asarray(nt.ids)
+    targets = rng.choice(ids, size=(B, L))
+    targets[rng.random((B, L)) < 0.2] = 1  # "</s>"
+    if nt.dot_id is not None:
+        targets[0, 3] = nt.dot_id
+    targets[2, 5] = vocab + 4  # out of range: ignored
+    weights = rng.uniform(0.5, 2.0, (B, L))
+    weights[1, 2] = 0.0
+    logits[1, 2] = np.nan  # an ignored position: whatever its logits hold
+    return jnp.asarray(logits, jnp.float32), jnp.asarray(targets, jnp.int32), jnp.asarray(weights, jnp.float32)
+
+
+def reference_sum(kind, logits, targets, weights, nt):
+    """`sum(weight * reference)` over the counted positions, the reference taking the
+    number columns of the logits (ignored positions zeroed, as the losses read them)."""
+    target = number_target(targets, weights, logits.shape[-1], nt)
+    z = jnp.where(target.keep[..., None], jnp.take(logits, jnp.asarray(nt.ids), axis=-1), 0.0)
+    loss, counted = variants.VARIANTS[kind].reference(z, target, nt)
+    return jnp.sum(jnp.where(counted, loss * weights, 0.0))
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("nt", [DIGITS, WIDE], ids=["digits", "wide"])
+def test_every_variant_equals_its_reference_in_every_formulation(nt, kind, formulation):
+    logits, targets, weights = inputs(nt, seed=hash(kind) % 1000)
+
+    def loss(x):
+        return ntl_jax.number_token_loss(x, targets, nt, ntl_kind=kind, weights=weights, reduction="sum",
+                                         formulation=formulation)
+
+    value, grad = jax.value_and_grad(loss)(logits)
+    clean = jnp.nan_to_num(logits)
+    want, want_grad = jax.value_and_grad(lambda x: reference_sum(kind, x, targets, weights, nt))(clean)
+    assert float(want) > 0
+    np.testing.assert_allclose(float(value), float(want), rtol=2e-6)
+    # float32: the gradient's entries are sums of a few terms of the loss's size.
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5,
+                               atol=1e-6 * float(jnp.max(jnp.abs(want_grad))))
+    assert np.all(np.asarray(grad)[1, 2] == 0)  # the ignored position, NaN logits and all
+
+
+# -- DEL ---------------------------------------------------------------------------------
+
+
+def digit_logits(logits, nt):
+    """The logits of "0".."9" in digit order `[..., 10]` (numpy)."""
+    order = [PIECES.index(str(d)) for d in range(10)]
+    return np.asarray(logits, np.float64)[..., order]
+
+
+def test_del_per_position_matches_the_numpy_reference():
+    logits, targets, weights = inputs(DIGITS, seed=3)
+    got = ntl_jax.number_token_loss(logits, targets, DIGITS, ntl_kind="del", weights=weights)
+    target = number_target(targets, weights, logits.shape[-1], DIGITS)
+    strings = [[PIECES[t] if 0 <= t < len(PIECES) and w > 0 else None for t, w in zip(row, wrow)]
+               for row, wrow in zip(np.asarray(targets), np.asarray(weights))]
+    place = np.stack(ref.del_place_weights(strings))
+    digit = np.where(np.asarray(target.is_number), np.asarray(target.value), 0).astype(int)
+    want = ref.del_per_position(digit_logits(jnp.nan_to_num(logits), DIGITS), digit, place)
+    want = np.where(np.asarray(target.is_number), want * np.asarray(weights), 0.0)
+    assert np.count_nonzero(want) > 10
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-6, atol=1e-7)
+
+
+def test_del_hand_computed_values():
+    # Uniform logits, one digit target: sum_k 0.1 log 2 = log 2, weight 2 (the ones).
+    # z_4 = ln 9, target 4 as the tens digit of "45": (1/2) ln(20/9), weight 4.
+    logits = np.zeros((1, 3, len(PIECES)), np.float32)
+    logits[0, 1, PIECES.index("4")] = np.log(9.0)
+    targets = jnp.asarray([[PIECES.index("x"), PIECES.index("4"), PIECES.index("5")]])
+    got = ntl_jax.number_token_loss(jnp.asarray(logits), targets, DIGITS, ntl_kind="del")
+    np.testing.assert_allclose(np.asarray(got)[0], [0.0, 4 * 0.5 * np.log(20 / 9), 2 * np.log(2)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("text", ["12.345", "7", "-3.5", "1,234", ".5", "1.2.3", "x=10.", "0.07", "100x.5",
+                                  "3.14.15", "..2"])
+def test_place_weights_are_the_authors(text):
+    ids = [PIECES.index(c) if c in PIECES else PIECES.index("x") for c in text]
+    target = number_target(jnp.asarray([ids]), None, len(PIECES), DIGITS)
+    got = np.asarray(digit_runs.place_weights(target, DIGITS))[0]
+    want = ref.del_place_weights([list(text)])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_place_weights_never_join_sequences_nor_cross_ignored_positions():
+    ids = [[PIECES.index(c) for c in "x12"], [PIECES.index(c) for c in "3x4"]]
+    weights = jnp.asarray([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    target = number_target(jnp.asarray(ids), weights, len(PIECES), DIGITS)
+    np.testing.assert_allclose(np.asarray(digit_runs.place_weights(target, DIGITS)), [[0, 4, 2], [2, 0, 2]])
+    # A weight of 0 ignores a position: it ends the number as any other token does.
+    ids = [[PIECES.index(c) for c in "123"]]
+    target = number_target(jnp.asarray(ids), jnp.asarray([[1.0, 0.0, 1.0]]), len(PIECES), DIGITS)
+    np.testing.assert_allclose(np.asarray(digit_runs.place_weights(target, DIGITS)), [[2, 0, 2]])
+
+
+def test_place_weights_of_multi_digit_tokens():
+    # "12" "07" is 1207: "12" in the hundreds (weight 6), "07" the ones (2); "-1" and
+    # "3.5" are numbers of their own (2); "120" "." "45": 2, 0, 1.02^-2 (the first
+    # decimal digit of "45" is the first after the point).
+    pieces = ["<pad>", "</s>", "x", ".", "7", "07", "12", "3", "-1", "3.5", "00", "5", "99", "0", "120", "9", "45"]
+    ids = [[pieces.index(p) for p in ("12", "07", "x", "-1", "3.5", "120", ".", "45")]]
+    target = number_target(jnp.asarray(ids), None, WIDE.vocab_size, WIDE)
+    np.testing.assert_allclose(np.asarray(digit_runs.place_weights(target, WIDE))[0],
+                               [6, 2, 0, 2, 2, 2, 0, 1.02 ** -2], rtol=1e-6)
+
+
+# -- DIST² -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nt", [DIGITS, WIDE], ids=["digits", "wide"])
+def test_dist2_matches_the_numpy_reference(nt):
+    logits, targets, weights = inputs(nt, seed=5)
+    got = ntl_jax.number_token_loss(logits, targets, nt, ntl_kind="dist2", weights=weights)
+    target = number_target(targets, weights, logits.shape[-1], nt)
+    z = np.asarray(jnp.nan_to_num(logits), np.float64)[..., np.asarray(nt.ids)]
+    want = ref.dist2_per_position(z, np.asarray(nt.number_values), np.asarray(target.value))
+    want = np.where(np.asarray(target.is_number), want * np.asarray(weights), 0.0)
+    assert np.count_nonzero(want) > 10
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_dist2_hand_computed_values():
+    # Uniform logits over the digits, target 4: log 10 - H(q) = 1.231137 (tau = 1);
+    # logits log q: 0.
+    logits = np.zeros((1, 2, len(PIECES)), np.float32)
+    q = ref.dist2_target_distribution(np.arange(10), 4)
+    for d in range(10):
+        logits[0, 1, PIECES.index(str(d))] = np.log(q[d])
+    targets = jnp.asarray([[PIECES.index("4"), PIECES.index("4")]])
+    got = ntl_jax.number_token_loss(jnp.asarray(logits), targets, DIGITS, ntl_kind="dist2")
+    np.testing.assert_allclose(np.asarray(got)[0], [1.231137, 0.0], atol=2e-6)
+
+
+# -- both --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["del", "dist2"])
+def test_gradients_match_finite_differences(kind):
+    logits, targets, weights = inputs(DIGITS, seed=7, scale=1.0)
+    f = functools.partial(ntl_jax.number_token_loss, targets=targets, number_tokens=DIGITS, ntl_kind=kind,
+                          weights=weights, reduction="mean")
+    check_grads(f, (jnp.nan_to_num(logits),), order=1, modes=["rev", "fwd"], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+@pytest.mark.parametrize("kind", ["del", "dist2"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_16_bit_logits_compute_in_float32(kind, dtype, formulation):
+    logits, targets, weights = inputs(DIGITS, seed=9)
+    low = jnp.nan_to_num(logits).astype(dtype)
+
+    def f(x):
+        return ntl_jax.number_token_loss(x, targets, DIGITS, ntl_kind=kind, weights=weights, reduction="sum",
+                                         formulation=formulation)
+
+    value, grad = jax.value_and_grad(f)(low)
+    want, want_grad = jax.value_and_grad(f)(low.astype(jnp.float32))
+    assert grad.dtype == dtype
+    np.testing.assert_allclose(float(value), float(want), rtol=1e-6)
+    eps = float(jnp.finfo(dtype).eps)
+    np.testing.assert_allclose(np.asarray(grad, np.float32), want_grad, rtol=eps / 2 + 1e-6,
+                               atol=float(jnp.finfo(dtype).smallest_subnormal) / 2)
+
+
+@pytest.mark.parametrize("kind", ["del", "dist2"])
+@pytest.mark.parametrize("scale", [1e4, -1e4])
+def test_finite_at_extreme_logits(kind, scale):
+    logits, targets, weights = inputs(DIGITS, seed=11)
+    extreme = jnp.sign(jnp.nan_to_num(logits)) * scale
+    for formulation in FORMULATIONS:
+        value, grad = jax.value_and_grad(lambda x: ntl_jax.number_token_loss(
+            x, targets, DIGITS, ntl_kind=kind, weights=weights, reduction="mean", formulation=formulation))(extreme)
+        assert np.isfinite(float(value)) and np.isfinite(np.asarray(grad)).all()
+
+
+@pytest.mark.parametrize("kind", ["del", "dist2"])
+def test_no_number_token_gives_exact_zero_and_reweigh_is_refused(kind):
+    logits, _, _ = inputs(DIGITS, seed=13)
+    targets = jnp.full((B, L), PIECES.index("x"))
+    value, grad = jax.value_and_grad(lambda x: ntl_jax.number_token_loss(
+        x, targets, DIGITS, ntl_kind=kind, reduction="mean"))(jnp.nan_to_num(logits))
+    assert float(value) == 0.0 and not np.any(np.asarray(grad))
+    with pytest.raises(ValueError, match="expected reweigh=False with ntl_kind="):
+        ntl_jax.number_token_loss(logits, targets, DIGITS, ntl_kind=kind, reweigh=True)
+    with pytest.raises(ValueError, match="expected reweigh=False with ntl_kind="):
+        ntl_jax.cross_entropy_and_ntl(logits, targets, DIGITS, ntl_kind=kind, reweigh=True)
+
+
+@pytest.mark.parametrize("kind", ["del", "dist2"])
+def test_objective_and_fused_head(kind):
+    """`cross_entropy_and_ntl`'s NTL part is the per-token loss under the same weights
+    and factor; the fused head gives the same loss and gradients."""
+    rng = np.random.default_rng(17)
+    hidden = jnp.asarray(rng.standard_normal((B, L, 8)), jnp.float32)
+    kernel = jnp.asarray(rng.standard_normal((8, len(PIECES) + EXTRA)), jnp.float32)
+    _, targets, weights = inputs(DIGITS, seed=17)
+    options = dict(ntl_kind=kind, weights=weights, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", z_loss=1e-4)
+    loss, parts = ntl_jax.cross_entropy_and_ntl(hidden @ kernel, targets, DIGITS, **options)
+    per_token = ntl_jax.number_token_loss(hidden @ kernel, targets, DIGITS, ntl_kind=kind, weights=weights,
+                                          reduction="sum")
+    np.testing.assert_allclose(float(parts["ntl"]), float(per_token) / float(parts["loss_normalizing_factor"]),
+                               rtol=1e-6)
+    assert float(parts["ntl"]) > 0
+    grads = jax.grad(lambda h, k: ntl_jax.cross_entropy_and_ntl(h @ k, targets, DIGITS, **options)[0],
+                     argnums=(0, 1))(hidden, kernel)
+    fused_loss, fused_grads = jax.value_and_grad(
+        lambda h, k: ntl_jax.fused_cross_entropy_and_ntl(h, k, targets, DIGITS, chunk_size=8, **options)[0],
+        argnums=(0, 1))(hidden, kernel)
+    np.testing.assert_allclose(float(fused_loss), float(loss), rtol=2e-6)
+    for got, want in zip(fused_grads, grads):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * float(jnp.max(jnp.abs(want))))
