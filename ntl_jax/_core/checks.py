@@ -107,7 +107,7 @@ def check_logits_and_targets(logits, targets, number_tokens: NumberTokens, weigh
     targets_shape = jnp.shape(targets)
     if len(targets_shape) != 2:
         raise ValueError(f"expected targets of rank 2 [batch, length], got shape {targets_shape}")
-    check_integer_targets(targets)
+    _check_integer_dtype(targets)
     if targets_shape != logits_shape[:2]:
         raise ValueError(
             f"expected targets of shape {logits_shape[:2]} (logits' first two axes), got {targets_shape}"
@@ -161,7 +161,7 @@ def check_hidden_and_kernel(hidden, kernel, targets, number_tokens, weights=None
         raise ValueError(
             f"expected targets of shape {jnp.shape(hidden)[:2]} (hidden's first two axes), got {jnp.shape(targets)}"
         )
-    check_integer_targets(targets)
+    _check_integer_dtype(targets)
     check_chunk_size(chunk_size)
     return check_weights(weights, jnp.shape(targets))
 
@@ -279,7 +279,12 @@ def check_targets(targets: ArrayLike, vocab_size: int, *, ignore_index: int | No
 
 
 def check_integer_targets(targets) -> None:
+    """Raises unless `targets` is an array of integers."""
     check_array("targets", targets, "[batch, length]")
+    _check_integer_dtype(targets)
+
+
+def _check_integer_dtype(targets) -> None:
     if not jnp.issubdtype(jnp.result_type(targets), jnp.integer):
         raise TypeError(f"expected integer targets (token ids), got {jnp.result_type(targets)}")
 
@@ -327,7 +332,7 @@ def check_cross_entropy_inputs(logits, targets, weights, *, label_smoothing, z_l
         )
     if not jnp.issubdtype(jnp.result_type(logits), jnp.floating):
         raise TypeError(f"expected floating-point logits (f32, bf16 or f16), got {jnp.result_type(logits)}")
-    check_integer_targets(targets)
+    _check_integer_dtype(targets)
     check_real("label_smoothing", label_smoothing, low=0.0, high=1.0)
     check_real("z_loss", z_loss, low=0.0)
     check_normalizing_factor_number(loss_normalizing_factor)

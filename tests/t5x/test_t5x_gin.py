@@ -45,6 +45,8 @@ LOSS_CHOICES = {
     "losses/ce.gin": (("losses/ce.gin",), (), (0.0, "was")),
     "losses/ntl_mse.gin": (("losses/ntl_mse.gin",), (), (0.3, "mse")),
     "losses/ntl_was.gin": (("losses/ntl_was.gin",), (), (0.3, "was")),
+    "losses/del.gin": (("losses/del.gin",), (), (0.003, "del")),
+    "losses/dist2.gin": (("losses/dist2.gin",), (), (0.1, "dist2")),
     "NTL_WEIGHT=0.0": ((), ("NTL_WEIGHT = 0.0",), (0.0, "was")),
     "NTL_KIND='mse'": ((), ("NTL_KIND = 'mse'",), (0.3, "mse")),
     "NTL_KIND='mae'": ((), ("NTL_KIND = 'mae'",), (0.3, "mae")),

@@ -132,6 +132,9 @@ def _t5x_reference_ntl(model, logits, batch, factor_option, kind="was"):
     if kind == "was":
         total = ntl_jax.ntl_was(logits, targets, nt, weights=weights, reduction="sum")
         mean = ntl_jax.ntl_was(logits, targets, nt, weights=weights, reduction="mean")
+    elif kind in ("del", "dist2"):
+        total = ntl_jax.number_token_loss(logits, targets, nt, weights=weights, ntl_kind=kind, reduction="sum")
+        mean = ntl_jax.number_token_loss(logits, targets, nt, weights=weights, ntl_kind=kind, reduction="mean")
     else:
         total = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, ntl_kind=kind, reduction="sum")
         mean = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, ntl_kind=kind, reduction="mean")
@@ -175,7 +178,7 @@ def test_zero_weight_matches_stock_decoder_only(decoder_params, factor, packed):
 
 @pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
 @pytest.mark.parametrize("factor", FACTORS, ids=str)
-@pytest.mark.parametrize("kind", ["was", "mse"])
+@pytest.mark.parametrize("kind", ["was", "mse", "del", "dist2"])
 def test_ntl_term_equals_reference(encdec_params, factor, packed, kind):
     batch = _batch(packed, seed=1)
     options = dict(z_loss=1e-4, loss_normalizing_factor=factor)
