@@ -125,7 +125,8 @@ def test_the_shipped_set_is_complete():
                 assert f"experiments/{mode}/{size}_{task}.gin" in EXPERIMENTS
     assert "experiments/scratch/tiny_byte_arithmetic.gin" in EXPERIMENTS
     assert len(EXPERIMENTS) == 13
-    assert LOSS_FILES == ["losses/ce.gin", "losses/ntl_mse.gin", "losses/ntl_was.gin"]
+    assert LOSS_FILES == ["losses/ce.gin", "losses/del.gin", "losses/dist2.gin", "losses/ntl_mse.gin",
+                          "losses/ntl_was.gin"]
 
 
 @pytest.mark.parametrize("name", MODEL_FILES)
