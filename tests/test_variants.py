@@ -64,7 +64,7 @@ def reference_sum(kind, logits, targets, weights, nt):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("nt", [DIGITS, WIDE], ids=["digits", "wide"])
 def test_every_variant_equals_its_reference_in_every_formulation(nt, kind, formulation):
-    logits, targets, weights = inputs(nt, seed=hash(kind) % 1000)
+    logits, targets, weights = inputs(nt, seed=KINDS.index(kind))
 
     def loss(x):
         return ntl_jax.number_token_loss(x, targets, nt, ntl_kind=kind, weights=weights, reduction="sum",
@@ -75,9 +75,12 @@ def test_every_variant_equals_its_reference_in_every_formulation(nt, kind, formu
     want, want_grad = jax.value_and_grad(lambda x: reference_sum(kind, x, targets, weights, nt))(clean)
     assert float(want) > 0
     np.testing.assert_allclose(float(value), float(want), rtol=2e-6)
-    # float32: the gradient's entries are sums of a few terms of the loss's size.
+    # float32: the reductions take each entry p_j·(f_j − E f) from sums over the number
+    # columns, so an entry's rounding is tens of eps of the largest entry (23 at most
+    # over 60 seeds of these inputs); 64 eps leaves room for other kernels' orders.
+    eps = float(jnp.finfo(jnp.float32).eps)
     np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5,
-                               atol=1e-6 * float(jnp.max(jnp.abs(want_grad))))
+                               atol=64 * eps * float(jnp.max(jnp.abs(want_grad))))
     assert np.all(np.asarray(grad)[1, 2] == 0)  # the ignored position, NaN logits and all
 
 
