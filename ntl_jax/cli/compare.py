@@ -9,8 +9,10 @@ set of paired differences. Two protocols:
 * `finetune` (the paper's): per seed, one CE pretraining run; then every loss
   fine-tunes from those same parameters at the fine-tuning learning rate(s).
 
-`--ntl-weight` and `--finetune-learning-rate` take several values to sweep them; each
-NTL variant is paired with the CE run of the same seed and learning rate. Runs live in
+`--ntl-weight` (`--del-weight`, `--dist2-weight` for DEL and DIST²) and
+`--finetune-learning-rate` take several values to sweep them, and `--eval-split
+validation` scores the runs on held-out training-like problems to choose among them
+without the tests; each NTL variant is paired with the CE run of the same seed and learning rate. Runs live in
 `<out>/<variant>/seed_<k>/`; rerunning the command resumes unfinished runs and reuses
 finished ones. `--jobs N` trains N runs at a time in separate processes.
 
@@ -93,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    type=cli_flags.checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
                    help="also report the share of seeds whose interpolation accuracy exceeds "
                         "this (outcomes can be bimodal across seeds) (default: %(default)s)")
+    g.add_argument("--also-against", nargs="+", default=[], metavar="LOSS",
+                   help="also pair every other loss with LOSS's run of its seed (e.g. ntl-was, "
+                        "to compare its successors with it), adjusted with the comparisons "
+                        "against CE as one family (default: CE only)")
     cli_train.add_run_arguments(parser, DEFAULTS, sweep=True)
 
 
@@ -120,7 +126,7 @@ def run_dir(out: str, spec: RunSpec) -> str:
 
 def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpec]]:
     """(pretraining runs, compared runs) of the comparison, in the order they train."""
-    from ntl_jax.train.systems import starts_from_ce, trains_ntl
+    from ntl_jax.train.systems import starts_from_ce, trains_ntl, weight_flag
 
     losses = ["ce"] + [loss for loss in dict.fromkeys(args.losses) if loss != "ce"]
     if args.protocol == "finetune" and not all(starts_from_ce(loss) for loss in losses):
@@ -128,8 +134,9 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
         raise ValueError(f"--protocol finetune starts every run from a CE model of the shipped "
                          f"vocabulary; expected token-head losses on it, got {', '.join(own)} (a "
                          f"network or vocabulary of their own): use --protocol scratch")
-    weights = list(dict.fromkeys(args.ntl_weight))
-    weighted = trains_ntl  # a system without NTL has no weight: one run per seed
+    def weights(loss):  # a system without NTL has no weight: one run per seed
+        return list(dict.fromkeys(getattr(args, weight_flag(loss)))) if trains_ntl(loss) else [0.0]
+
     if args.protocol == "finetune":
         rates = list(dict.fromkeys(args.finetune_learning_rate or [args.learning_rate / 3]))
     else:
@@ -137,7 +144,7 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
 
     def label(loss, weight, rate):
         text = loss
-        if weighted(loss) and len(weights) > 1:
+        if len(weights(loss)) > 1:
             text += f" λ={weight:g}"
         if len(rates) > 1:
             text += f" lr={rate:g}"
@@ -154,7 +161,7 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
         for rate in rates:
             base = label("ce", 0.0, rate)
             for loss in losses:
-                for weight in (weights if weighted(loss) else [0.0]):
+                for weight in weights(loss):
                     runs.append(RunSpec(label(loss, weight, rate), loss, seed, weight, rate,
                                         args.steps, None if loss == "ce" else base, init_from))
     return pretrain, runs
@@ -286,8 +293,9 @@ def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
 
     records = [_run_record(s, results[s], out) for s in runs]
     metrics = sorted({k for r in records for k in r["metrics"]})
-    shown = [m for m in TABLE_METRICS[args.task] if m in metrics]
-    thresholds = {"test_interpolate/number_accuracy": args.high_mode_threshold}
+    shown = [m for m in table_metrics(args) if m in metrics]
+    thresholds = {f"{split}/number_accuracy": args.high_mode_threshold
+                  for split in ("test_interpolate", "validation")}
     title = (f"{args.task} ({args.module}, {cli_train.architecture(args)}), preset {args.preset}, "
              f"{args.protocol}: " + (f"CE pretraining {args.pretrain_steps or args.steps} steps"
                                      f" at lr {args.learning_rate:g}, then "
@@ -308,6 +316,26 @@ def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
         "summary": paired_stats.describe(records, metrics=metrics, thresholds=thresholds),
         "paired": paired_stats.paired_comparison(records, metrics=metrics),
     }
+
+
+def check_also_against(args: argparse.Namespace) -> None:
+    """Raises ValueError if an `--also-against` loss is CE or not one of `--losses`."""
+    wrong = [loss for loss in args.also_against if loss == "ce" or loss not in args.losses]
+    if wrong:
+        raise ValueError(f"--also-against expected losses of --losses other than ce "
+                         f"({', '.join(loss for loss in args.losses if loss != 'ce')}), got "
+                         f"{', '.join(wrong)}")
+
+
+def table_metrics(args: argparse.Namespace) -> list[str]:
+    """The task's metrics on the splits the runs are scored on: its test splits, or
+    with `--eval-split validation` the interpolation metrics on the validation split."""
+    from ntl_jax.train.data import VALIDATION
+
+    if getattr(args, "eval_split", "test") != VALIDATION:
+        return list(TABLE_METRICS[args.task])
+    return [VALIDATION + "/" + m.split("/", 1)[1] for m in TABLE_METRICS[args.task]
+            if m.startswith("test_interpolate/")]
 
 
 def _earlier_seconds(path: str, result: dict) -> list[float]:
@@ -398,6 +426,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cli_train.check_module(args.module)
         cli_train.check_gce_sigma(args, args.losses)
+        check_also_against(args)
         out = check_output_dir(args.out)
         pretrain, runs = plan(args, out)
         for spec in pretrain + runs:

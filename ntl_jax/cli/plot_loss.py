@@ -1,8 +1,10 @@
-"""`ntl-jax plot-loss`: CE, NTL-MSE and NTL-WAS over predicted digit distributions.
+"""`ntl-jax plot-loss`: CE, NTL-MSE, NTL-WAS, DEL and DIST² over predicted digit distributions.
 
 The paper's picture (Zausinger et al. 2025, Fig. 1): cross-entropy only asks whether the
 right digit got the mass, so every wrong digit costs the same; NTL grows with how far
-the predicted digits are from the target. Computed with the library's own losses on a
+the predicted digits are from the target, and so do its successors DEL (a binary
+cross-entropy per digit, weighted by the digit's mass) and DIST² (a KL divergence to a
+target spread by distance). Computed with the library's own losses on a
 vocabulary made of the ten digits plus padding and EOS.
 """
 
@@ -20,6 +22,7 @@ digit_in_range = checked(int, lambda v: 0 <= v <= 9, "a digit 0-9")
 probability = checked(float, lambda v: 0.1 < v < 1, "a probability in (0.1, 1)")
 
 DEFAULT_NAME = "ntl_loss.png"
+STYLES = (("CE", "o-"), ("NTL-MSE", "s-"), ("NTL-WAS", "^-"), ("DEL", "d-"), ("DIST²", "v-"))
 
 
 def writable_formats() -> list[str]:
@@ -78,14 +81,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def loss_curves(digit: int, distributions: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-distribution CE, NTL-MSE and NTL-WAS for target `digit`.
+    """Per-distribution CE, NTL-MSE, NTL-WAS, DEL and DIST² for target `digit` (a
+    one-digit number: DEL's place weight is the ones', 2).
 
     Args:
       digit: target digit 0-9.
       distributions: `[K, 10]` probabilities over the digits 0-9 (rows sum to 1).
 
     Returns:
-      `{"CE": [K], "NTL-MSE": [K], "NTL-WAS": [K]}` as numpy arrays.
+      `{"CE": [K], "NTL-MSE": [K], "NTL-WAS": [K], "DEL": [K], "DIST²": [K]}` as numpy arrays.
     """
     import jax.numpy as jnp
 
@@ -100,7 +104,10 @@ def loss_curves(digit: int, distributions: np.ndarray) -> dict[str, np.ndarray]:
           for i in range(len(distributions))]
     mse = ntl_jax.ntl_dot(logits, targets, number_tokens, ntl_kind="mse")[:, 0]
     was = ntl_jax.ntl_was(logits, targets, number_tokens)[:, 0]
-    return {"CE": np.asarray(ce), "NTL-MSE": np.asarray(mse), "NTL-WAS": np.asarray(was)}
+    successors = {name: ntl_jax.number_token_loss(logits, targets, number_tokens, ntl_kind=kind)[:, 0]
+                  for name, kind in (("DEL", "del"), ("DIST²", "dist2"))}
+    return {"CE": np.asarray(ce), "NTL-MSE": np.asarray(mse), "NTL-WAS": np.asarray(was)} | {
+        name: np.asarray(loss) for name, loss in successors.items()}
 
 
 def peaked(confidence: float) -> np.ndarray:
@@ -142,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     left = loss_curves(args.digit, peaked(args.confidence))
     right = loss_curves(args.digit, gaussian(centres, args.width))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, style in (("CE", "o-"), ("NTL-MSE", "s-"), ("NTL-WAS", "^-")):
+    for name, style in STYLES:
         axes[0].plot(np.arange(10), left[name], style, label=name)
         axes[1].plot(centres, right[name], style[1:], label=name)
     axes[0].set(xlabel="predicted digit (argmax)", ylabel="loss", xticks=range(10),
@@ -152,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     for ax in axes:
         ax.axvline(args.digit, color="grey", lw=0.8, ls=":")
         ax.legend()
-    fig.suptitle("Cross-entropy ignores how far off a wrong digit is; NTL does not")
+    fig.suptitle("Cross-entropy ignores how far off a wrong digit is; NTL, DEL and DIST² do not")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")

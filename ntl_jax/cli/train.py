@@ -19,9 +19,10 @@ from ntl_jax.train import systems
 DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
                 batch_size=32, learning_rate=3e-3, warmup_steps=100,
                 train_examples=20_000, eval_examples=500)
-# "ce" and "ntl-<variant>" for every variant in `ntl_jax._core.losses.VARIANTS`, and the same
-# on the Gaussian-smoothed cross-entropy, "gce" and "gce+ntl-<variant>" (`step.LOSS_KINDS`).
-_NTL = tuple("ntl-" + kind.replace("_", "-") for kind in KINDS)
+# "ce" and "ntl-<variant>" for every variant in `ntl_jax._core.variants.VARIANTS` ("del" and
+# "dist2" for NTL's successors), and the same on the Gaussian-smoothed cross-entropy, "gce"
+# and "gce+<loss>" (`step.LOSS_KINDS`).
+_NTL = tuple(systems.loss_name(kind) for kind in KINDS)
 LOSSES = ("ce", "gce") + _NTL + tuple("gce+" + loss for loss in _NTL)
 # `--loss` choices: LOSSES (the token-head losses of `step.LOSS_KINDS`) and the paper's
 # baselines (`ntl_jax.train.systems`).
@@ -67,8 +68,20 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                    help="(default: %(default)s)")
     g.add_argument("--ntl-weight", type=finite_non_negative_float, default=[0.3] if sweep else 0.3,
                    nargs="+" if sweep else None, metavar="LAMBDA",
-                   help="lambda in CE + lambda * NTL" + (", several to sweep it" if sweep else "")
+                    help="lambda in CE + lambda * NTL (the ntl-* losses)" + (", several to sweep it" if sweep else "")
                         + " (default: %(default)s)")
+    # DEL's and DIST²'s authors' settings on this objective (docs/guides/losses.md, "Weights").
+    for name, default, what in (("del", 0.001, "DEL"), ("dist2", 0.1, "DIST²")):
+        g.add_argument(f"--{name}-weight", type=finite_non_negative_float,
+                       default=[default] if sweep else default, nargs="+" if sweep else None,
+                       metavar="LAMBDA",
+                       help=f"lambda in CE + lambda * {what} for the losses {name} and gce+{name}"
+                            + (", several to sweep it" if sweep else "") + " (default: %(default)s)")
+    g.add_argument("--eval-split", choices=("test", "validation"), default="test",
+                   help="test: score on the task's test splits; validation: on held-out "
+                        "problems drawn like the training ones (none of the run's training "
+                        "pool), to pick settings without looking at the tests (default: "
+                        "%(default)s)")
     g.add_argument("--dropout-rate", default=0.0, metavar="RATE",
                    type=cli_flags.checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)"),
                    help="dropout in the network (T5's fine-tuning uses 0.1; useful on small data "
@@ -124,10 +137,10 @@ def make_config(args: argparse.Namespace, loss: str, seed: int, **overrides):
     arch = architecture(args)
     data = DataConfig(module=args.module, train_examples=args.train_examples,
                       eval_examples=args.eval_examples, batch_size=args.batch_size, seed=seed,
-                      architecture=arch)
+                      architecture=arch, eval_split=getattr(args, "eval_split", "test"))
     fields = dict(loss=loss, preset=args.preset, architecture=arch, steps=args.steps,
                   seed=seed, optimizer=args.optimizer, learning_rate=args.learning_rate,
-                  warmup_steps=args.warmup_steps, ntl_weight=args.ntl_weight,
+                  warmup_steps=args.warmup_steps, ntl_weight=getattr(args, systems.weight_flag(loss)),
                   dropout_rate=getattr(args, "dropout_rate", 0.0),
                   fused_loss=args.fused_loss, data=data,
                   log_every=args.log_every, checkpoint_every=args.checkpoint_every,

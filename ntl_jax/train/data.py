@@ -102,6 +102,29 @@ def eval_splits(module: str) -> tuple[str, ...]:
     return EVAL_SPLITS
 
 
+EVAL_CHOICES = ("test", "validation")
+VALIDATION = "validation"  # the split name of `validation_examples`
+# The stream of training problems the validation problems come from: a seed no run of
+# `compare` uses (its seeds are 0..N-1), so the problems are not a run's own draws.
+_VALIDATION_SEED = 1_000_003
+
+
+def validation_examples(source: Callable, module: str, n: int,
+                        pool: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`n` problems drawn as the training ones are, none of whose questions is in `pool`
+    (the run's training problems): a split to choose settings on, never the tests."""
+    if module == DIABETES:
+        raise ValueError(f"expected a task with a training stream to draw validation problems "
+                         f"from (a mathematics module or {MULTIPLICATION!r}), got {DIABETES!r}: its "
+                         f"patients are split once into train and test")
+    seen = {q for q, _ in pool}
+    drawn = [ex for ex in source(module, "train", 2 * n, _VALIDATION_SEED) if ex[0] not in seen]
+    if len(drawn) < n:
+        raise ValueError(f"expected {n} validation problems outside the training pool, found "
+                         f"{len(drawn)} among {2 * n} drawn: ask for fewer (--eval-examples)")
+    return drawn[:n]
+
+
 def _round_up(n: int, multiple: int = 8) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
@@ -188,6 +211,9 @@ class DataConfig:
     # The network the batches are for: "encoder-decoder" (EncDecFeatureConverter
     # features) or "decoder-only" (prefix-LM DecoderFeatureConverter features).
     architecture: str = "encoder-decoder"
+    # "test": score on the task's test splits (`eval_splits`); "validation": on problems
+    # drawn like the training ones but outside the run's pool (`validation_examples`).
+    eval_split: str = "test"
 
 
 @dataclasses.dataclass
@@ -216,13 +242,19 @@ class ProblemData:
         self.config = config
         self.vocabulary = default_vocabulary() if vocabulary is None else vocabulary
         source = default_example_source() if example_source is None else example_source
+        if config.eval_split not in EVAL_CHOICES:
+            raise ValueError(f"eval_split must be one of {EVAL_CHOICES}, got {config.eval_split!r}")
         train = list(source(config.module, "train", config.train_examples, config.seed))
-        # The test sets do not depend on the run's seed: every run is scored on the same.
-        evals = {split: list(source(config.module, split, config.eval_examples, 0))
-                 for split in eval_splits(config.module)}
         if len(train) != config.train_examples:
             raise ValueError(f"the example source gave {len(train)} training problems, "
                              f"expected {config.train_examples}")
+        if config.eval_split == VALIDATION:
+            evals = {VALIDATION: validation_examples(source, config.module, config.eval_examples,
+                                                     train)}
+        else:
+            # The test sets do not depend on the run's seed: every run is scored on the same.
+            evals = {split: list(source(config.module, split, config.eval_examples, 0))
+                     for split in eval_splits(config.module)}
         # One static shape for all training batches (no recompilation); each eval set
         # gets its own input length, since extrapolation questions are longer.
         def length(texts: Sequence[str], cap: int) -> int:

@@ -179,6 +179,12 @@ def render(result: dict) -> str:
 
     compared = [(label, metric, per_metric[metric]) for label, per_metric in paired.items()
                 for metric in metrics if per_metric.get(metric) is not None]
+    for baseline in also_against(result):
+        runs = [run | {"baseline": baseline} for run in result["runs"]
+                if run["loss"] != DEFAULT_BASELINE]  # CE − baseline is baseline − CE above
+        compared += [(label, metric, per_metric[metric]) for label, per_metric
+                     in paired_stats.paired_comparison(runs, metrics=metrics).items()
+                     for metric in metrics if per_metric.get(metric) is not None]
     # One family: every comparison of the table, adjusted together (Holm).
     adjusted = paired_stats.holm([e.get("p") for _, _, e in compared])
     rows = []
@@ -218,6 +224,22 @@ def render(result: dict) -> str:
         lines += ["", "Share of seeds above a threshold (for outcomes that land in one of two "
                   "modes):", "", *_table(["loss", "metric", "threshold", "share of seeds"], rows)]
     return "\n".join(lines)
+
+
+def also_against(result: dict) -> list[str]:
+    """The losses every other loss is also paired with (`ntl-jax compare --also-against`),
+    in the same Holm family as the comparisons with CE.
+
+    Raises:
+      ResultsError: one of them has no runs in `result`.
+    """
+    baselines = list((result.get("settings") or {}).get("also_against") or [])
+    labels = {run["loss"] for run in result.get("runs") or []}
+    missing = [b for b in baselines if b not in labels]
+    if missing:
+        raise ResultsError(f"expected the losses to also compare against among the runs' "
+                           f"losses {sorted(labels)}, got {missing}")
+    return baselines
 
 
 def refresh_paired(result: dict) -> dict:

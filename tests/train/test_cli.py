@@ -128,6 +128,17 @@ def test_plot_loss_values_and_png(tmp_path):
     # CE is the same for every wrong digit; WAS grows with the distance to the target.
     np.testing.assert_allclose(curves["CE"][[0, 3, 5, 9]], -np.log(rest), rtol=1e-5)
     assert np.all(np.diff(curves["NTL-WAS"][4:]) > 0) and np.all(np.diff(curves["NTL-WAS"][:5]) < 0)
+    # DEL on the logits log p: the ones' place weight 2 times sum_k p_k BCE(log p_k, [k = 4]),
+    # BCE(z, 0) = softplus(z) = log(1 + p), BCE(z, 1) = softplus(z) - z; the same for every
+    # wrong digit, as CE. DIST²: KL(q || p) with q_j ~ exp(-(j - 4)^2).
+    bce = c * (np.log1p(c) - np.log(c)) + 9 * rest * np.log1p(rest)
+    np.testing.assert_allclose(curves["DEL"][4], 2 * bce, rtol=1e-5)
+    wrong = c * np.log1p(c) + rest * (np.log1p(rest) - np.log(rest)) + 8 * rest * np.log1p(rest)
+    np.testing.assert_allclose(curves["DEL"][[0, 3, 5, 9]], 2 * wrong, rtol=1e-5)
+    q = np.exp(-(np.arange(10) - 4.0) ** 2)
+    q /= q.sum()
+    np.testing.assert_allclose(curves["DIST²"][4], np.sum(q * np.log(q)) - q[4] * np.log(c)
+                               - (1 - q[4]) * np.log(rest), rtol=1e-5)
     out = tmp_path / "loss.png"
     assert cli.main(["plot-loss", "--digit", "7", "--out", str(out)]) == 0
     assert out.stat().st_size > 10_000

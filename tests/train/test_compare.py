@@ -12,6 +12,7 @@ pytest.importorskip("mathematics_dataset")
 
 from ntl_jax import cli  # noqa: E402
 from ntl_jax.cli import compare as cli_compare  # noqa: E402
+from ntl_jax.cli import train as cli_train  # noqa: E402
 
 MICRO = ["--preset", "micro", "--train-examples", "16", "--eval-examples", "4",
          "--batch-size", "8", "--log-every", "1", "--checkpoint-every", "2", "--no-progress",
@@ -173,3 +174,57 @@ def test_interrupted_compare_exits_130_and_says_how_to_resume(tmp_path, capsys, 
     monkeypatch.setattr(trainer, "train", interrupted)
     assert cli.main(["compare", "--steps", "2", "--out", str(tmp_path)] + MICRO) == 130
     assert "interrupted; rerun the same command to resume" in capsys.readouterr().err
+
+
+def test_del_and_dist2_take_their_own_weights_and_are_swept_by_them(tmp_path):
+    args = _args(["--losses", "ntl-was", "del", "dist2", "gce+del", "--del-weight", "0.001", "0.1",
+                  "--seeds", "1", "--out", str(tmp_path)])
+    runs = cli_compare.plan(args, str(tmp_path))[1]
+    assert [(r.label, r.loss, r.ntl_weight) for r in runs] == [
+        ("ce", "ce", 0.0), ("ntl-was", "ntl-was", 0.3), ("del λ=0.001", "del", 0.001),
+        ("del λ=0.1", "del", 0.1), ("dist2", "dist2", 0.1), ("gce+del λ=0.001", "gce+del", 0.001),
+        ("gce+del λ=0.1", "gce+del", 0.1)]
+    assert [cli_compare._config(args, r).ntl_weight for r in runs[:3]] == [0.0, 0.3, 0.001]
+    train = cli.build_parser(["train"]).parse_args(["train", "--loss", "dist2", "--out", "x"])
+    assert cli_train.make_config(train, "dist2", 0).ntl_weight == 0.1
+    assert cli_train.make_config(train, "ntl-mse", 0).ntl_weight == 0.3
+    with pytest.raises(SystemExit):
+        _args(["--losses", "ntl-del"])  # the successors go by their own names
+
+
+def test_also_against_takes_a_compared_loss_other_than_ce(tmp_path, capsys):
+    for wrong in ("ce", "del"):
+        assert cli.main(["compare", "--losses", "ce", "ntl-was", "--also-against", wrong,
+                         "--out", str(tmp_path / wrong)] + MICRO) == 2
+        assert f"--also-against expected losses of --losses other than ce (ntl-was), got {wrong}" \
+            in capsys.readouterr().err
+
+
+def test_validation_split_scores_held_out_training_problems(tmp_path):
+    from ntl_jax.train import data as data_lib
+
+    out = str(tmp_path / "sweep")
+    assert cli.main(["compare", "--task", "multiplication", "--losses", "dist2",
+                     "--dist2-weight", "0.03", "0.3", "--eval-split", "validation", "--steps", "2",
+                     "--seeds", "1", "--out", out] + MICRO) == 0
+    with open(os.path.join(out, "compare.json")) as f:
+        result = json.load(f)
+    assert result["table_metrics"] == ["validation/number_accuracy", "validation/mape",
+                                       "validation/log_mae"]
+    assert {r["loss"] for r in result["runs"]} == {"ce", "dist2 λ=0.03", "dist2 λ=0.3"}
+    assert not any(k.startswith("test_") for r in result["runs"] for k in r["metrics"])
+    config = data_lib.DataConfig(module="multiplication", train_examples=16, eval_examples=4,
+                                 batch_size=8, seed=0, architecture="decoder-only",
+                                 eval_split="validation")
+    data = data_lib.ProblemData(config)
+    pool = data_lib.default_example_source()("multiplication", "train", 16, 0)
+    held_out = data_lib.validation_examples(data_lib.default_example_source(), "multiplication", 4, pool)
+    assert list(data.eval_sets) == ["validation"] and data.eval_sets["validation"].questions == [
+        q for q, _ in held_out]
+    assert not {q for q, _ in pool} & set(data.eval_sets["validation"].questions)
+    # Every problem it drew is in the pool: none left.
+    with pytest.raises(ValueError, match="expected 4 validation problems outside the training pool, "
+                                         "found 0 among 8 drawn"):
+        data_lib.validation_examples(lambda *a: pool[:8], "multiplication", 4, pool)
+    with pytest.raises(ValueError, match="got 'diabetes': its patients are split once"):
+        data_lib.validation_examples(lambda *a: pool, "diabetes", 4, pool)

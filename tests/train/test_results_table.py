@@ -353,3 +353,26 @@ def test_against_pairs_every_loss_with_another_baseline_by_seed():
     assert "| ntl-mse − regression-head | interpolate/rmse ↓ |" in shown_by_script.stdout
     bad = _script("--show", path, "--against", "head")
     assert bad.returncode == 2 and "got 'head'" in bad.stderr
+
+
+def test_also_against_pairs_every_other_loss_with_it_in_one_holm_family():
+    stats = pytest.importorskip("scipy.stats")
+    ce = [0.50, 0.42, 0.61, 0.55, 0.47, 0.58, 0.44, 0.52]
+    shift = {"ntl-was": [0.011, 0.023, 0.017, 0.031, 0.008, 0.026, 0.014, 0.020],
+             "del": [0.001, -0.002, 0.003, 0.0, 0.004, -0.001, 0.002, 0.005]}
+    runs = [{"loss": "ce", "seed": s, "metrics": {ACC: ce[s]}} for s in range(8)]
+    runs += [{"loss": loss, "seed": s, "baseline": "ce", "metrics": {ACC: ce[s] + d[s]}}
+             for loss, d in shift.items() for s in range(8)]
+    result = {"command": "c", "runs": runs, "table_metrics": [ACC], "summary": paired_stats.describe(runs),
+              "settings": {"fused_loss": True, "also_against": ["ntl-was"]}}
+    text = results_table.render(result)
+    d = np.subtract(shift["del"], shift["ntl-was"])  # del − ntl-was, seed by seed
+    p = [stats.wilcoxon(shift["ntl-was"], method="exact").pvalue,
+         stats.wilcoxon(shift["del"]).pvalue, stats.wilcoxon(d, method="exact").pvalue]
+    assert "| del − ntl-was | interpolate/number_accuracy ↑ | " + results_table.fmt(d.mean()) in text
+    assert f"| 0/8/0 | {results_table.fmt_p(p[2])} | {results_table.fmt_p(_holm_by_hand(p)[2])} |" in text
+    assert "ce − ntl-was" not in text and "ntl-was − ntl-was" not in text
+    assert "over the 3 comparisons of this table" in text
+    result["settings"]["also_against"] = ["dist2"]
+    with pytest.raises(results_table.ResultsError, match=r"losses \['ce', 'del', 'ntl-was'\], got \['dist2'\]"):
+        results_table.render(result)
