@@ -18,6 +18,10 @@ to mean without GSM8K's calculator annotations (`<<48/2=24>>`), which are remove
 split of its own making, which we do not have (evaluate on `test`, as the paper reports);
 and `preprocess_numbers` rewrites each match where it stands, where the paper's
 `str.replace` also rewrote equal text elsewhere (`3.5` became `30.5` next to a `.5`).
+The paper's rule joins a number and a following group of three digits however they are
+spaced, so it also joins two numbers that only stand side by side: "12 200-kilobyte
+videos" (train #1365) becomes "12200-kilobyte videos". We keep the rule, as the paper's
+numbers are written by it.
 
 Metrics (`metrics`, on the final answer after the last `####`): `accuracy` (the final
 number equals the target's), `parsed` (share of predictions with a final number), and

@@ -2,7 +2,7 @@
 SeqIO tasks: a passage and a question in, the question's correct answer options out.
 
 Tasks `ntl_multirc` (the shipped SentencePiece vocabulary) and `ntl_multirc_byte`
-(`seqio.ByteVocabulary`), splits `train` (5,100 questions) and `validation` (953), read
+(`seqio.ByteVocabulary`), splits `train` (5,131 questions) and `validation` (953), read
 from SuperGLUE's files `train.jsonl` and `val.jsonl` (in `MultiRC.zip`) in
 `$NTL_JAX_MULTIRC_DIR` or `register(data_dir=...)`. Each line is a passage: `{"idx",
 "passage": {"text", "questions": [{"question", "idx", "answers": [{"text", "idx",
