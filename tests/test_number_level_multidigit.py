@@ -388,3 +388,32 @@ def test_fused_head_equals_the_unfused_objective(ntl_kind, reweigh):
                      reweigh=reweigh, reduction="sum")
     np.testing.assert_allclose(float(parts_f["ntl"]), want, rtol=RTOL, atol=ATOL)
     assert want > 1.0
+
+
+@pytest.mark.parametrize("ntl_kind", ["number_level", "number_level_float"])
+def test_max_number_length_reaches_the_objective_and_the_fused_head(ntl_kind):
+    """`max_number_length` means in the objective and the fused head what it means in
+    `number_level_loss` (held against ntloss in test_parity.py): the same NTL sum."""
+    from ntl_jax import number_level_loss
+
+    _, targets, weights = random_inputs(5, batch=3, length=24)
+    rng = np.random.default_rng(5)
+    hidden = jnp.asarray(rng.normal(size=(3, 24, 8)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(8, VOCAB)), jnp.float32)
+    targets, weights = jnp.asarray(targets), jnp.asarray(weights)
+    logits = jnp.einsum("bld,dv->blv", hidden, kernel)
+    options = dict(weights=weights, ntl_kind=ntl_kind, max_number_length=2)
+    want = float(number_level_loss(logits, targets, NT, ntl_kind=ntl_kind, weights=weights, reduction="sum",
+                                   max_number_length=2))
+    default = float(number_level_loss(logits, targets, NT, ntl_kind=ntl_kind, weights=weights, reduction="sum"))
+    # Numbers of 3+ places: the cap changes the loss, by 100x the tolerance below or more.
+    assert abs(want - default) > 1e-3 * abs(default)
+    _, parts = cross_entropy_and_ntl(logits, targets, NT, **options)
+    _, fused_parts = fused_cross_entropy_and_ntl(hidden, kernel, targets, NT, chunk_size=128, **options)
+    np.testing.assert_allclose(float(parts["ntl"]), want, rtol=1e-5)
+    np.testing.assert_allclose(float(fused_parts["ntl"]), want, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"max_number_length applies only to ntl_kind in \('number_level', "
+                                         r"'number_level_float'\), got ntl_kind='was'"):
+        cross_entropy_and_ntl(logits, targets, NT, ntl_kind="was", max_number_length=2)
+    with pytest.raises(ValueError, match="expected max_number_length to be an integer >= 1, got 0"):
+        fused_cross_entropy_and_ntl(hidden, kernel, targets, NT, ntl_kind=ntl_kind, max_number_length=0)

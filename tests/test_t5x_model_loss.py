@@ -658,3 +658,21 @@ def test_importing_the_loss_module_does_not_import_t5x():
             "print([m for m in ('t5x', 'ntl_jax.t5x.models', 'clu', 'tensorflow') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_max_number_length_reaches_the_model_loss():
+    batch, logits = make_batch(False, seed=25), make_logits(25)
+    factor = "NUM_REAL_TARGET_TOKENS"
+    model = fake_model(ntl_kind="number_level", max_number_length=1, loss_normalizing_factor=factor)
+    loss, metrics = model.loss_fn({"logits": logits}, batch, None)
+    capped = t5x_loss.model_loss(logits, batch, NT, Options(ntl_kind="number_level", max_number_length=1), factor)
+    plain = t5x_loss.model_loss(logits, batch, NT, Options(ntl_kind="number_level"), factor)
+    assert float(loss) == float(capped.loss)
+    # The objective's own (the objective's max_number_length is tested against number_level_loss).
+    want, _ = ntl_jax.cross_entropy_and_ntl(logits, batch["decoder_target_tokens"], NT, ntl_kind="number_level",
+                                            weights=batch["decoder_loss_weights"], max_number_length=1,
+                                            loss_normalizing_factor=factor)
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
+    assert abs(float(capped.loss) - float(plain.loss)) > 1e-3  # numbers of 2+ digits: the cap changes it
+    with pytest.raises(ValueError, match="max_number_length applies only to ntl_kind in"):
+        fake_model(ntl_kind="was", max_number_length=3)

@@ -45,6 +45,7 @@ def cross_entropy_and_ntl(
     decoder_segment_ids=None,
     decoder_positions=None,
     formulation: str = "auto",
+    max_number_length: int | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The paper's training objective `CE + ntl_weight * NTL`, with T5X's weighting.
 
@@ -98,6 +99,8 @@ def cross_entropy_and_ntl(
         masked reductions over the vocabulary on the TPU), or "columns", "gathered",
         "reductions" on every backend. The same numbers to float32 rounding; only what
         the compiled program moves differs (docs/performance.md).
+      max_number_length: with `ntl_kind="number_level"` or `"number_level_float"`, the
+        most places a number has (None: ntloss's 20), see `number_level_loss`.
 
     Returns:
       `(loss, parts)`: the scalar loss to differentiate, and a dict of float32
@@ -120,7 +123,8 @@ def cross_entropy_and_ntl(
       1.6094
     """
     options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
-                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma, formulation=formulation)
+                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma, formulation=formulation,
+                      max_number_length=max_number_length)
     weights = checks.check_logits_and_targets(logits, targets, number_tokens, weights)
     checks.check_objective(number_tokens, options, targets, loss_normalizing_factor, decoder_segment_ids,
                            decoder_positions)
@@ -156,6 +160,7 @@ def fused_cross_entropy_and_ntl(
     vocab_axis: str | None = None,
     sequence_parallel: bool = False,
     mesh=None,
+    max_number_length: int | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`cross_entropy_and_ntl(hidden @ kernel, ...)` without the logits in memory.
 
@@ -179,7 +184,7 @@ def fused_cross_entropy_and_ntl(
         rule); `check_targets(targets, kernel.shape[1])` raises for them instead.
       weights: and the other options (`ntl_kind`, `ntl_weight`, `reweigh`, `squash_factor`,
         `label_smoothing`, `z_loss`, `gce_sigma`, `loss_normalizing_factor`,
-        `decoder_segment_ids`, `decoder_positions`): exactly as in `cross_entropy_and_ntl`
+        `decoder_segment_ids`, `decoder_positions`, `max_number_length`): exactly as in `cross_entropy_and_ntl`
         (Gaussian smoothing needs only the number tokens' logits, which the head computes
         anyway): with `weights=None` pad targets count unless the factor is a special one.
       chunk_size: vocabulary columns per chunk (per device when sharded); None picks
@@ -221,7 +226,8 @@ def fused_cross_entropy_and_ntl(
       (1.6094, 0.3333)
     """
     options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
-                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma)
+                      label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma,
+                      max_number_length=max_number_length)
     weights = checks.check_hidden_and_kernel(hidden, kernel, targets, number_tokens, weights, chunk_size)
     checks.check_objective(number_tokens, options, targets, loss_normalizing_factor, decoder_segment_ids,
                            decoder_positions)

@@ -28,6 +28,8 @@ class Options:
     - `reweigh`, `squash_factor` (only with `"was"`): as in `ntl_was`;
     - `label_smoothing`, `z_loss`: T5X's cross-entropy options;
     - `gce_sigma`: the Gaussian label's width (0: none), exclusive with `label_smoothing`;
+    - `max_number_length` (only with `"number_level"`, `"number_level_float"`): the most
+      places a number has (None: ntloss's 20), as in `number_level_loss`;
     - `formulation`: how the number statistics are computed (`number_stats`): "auto"
       (each backend's own), or one of `number_stats.FORMULATIONS` everywhere.
     """
@@ -40,6 +42,7 @@ class Options:
     z_loss: float = 0.0
     gce_sigma: float = 0.0
     formulation: str = "auto"
+    max_number_length: int | None = None
 
     def __post_init__(self):
         checks.check_squash_factor(self.squash_factor)
@@ -60,13 +63,19 @@ class Options:
                 f"got gce_sigma={self.gce_sigma} and label_smoothing={self.label_smoothing}"
             )
         checks.check_formulation(self.formulation)
+        if self.max_number_length is not None:
+            checks.check_max_number_length(self.max_number_length)
+            if self.ntl_kind not in variants.NUMBER_LEVEL_KINDS:
+                raise ValueError(f"max_number_length applies only to ntl_kind in {variants.NUMBER_LEVEL_KINDS}, "
+                                 f"got ntl_kind={self.ntl_kind!r}")
 
     @property
     def variant(self) -> variants.Variant | None:
         """The number loss, None for `"none"`."""
         if self.ntl_kind == "none":
             return None
-        return variants.variant_of(self.ntl_kind, squash_factor=self.squash_factor, smoothed=self.smoothed)
+        return variants.variant_of(self.ntl_kind, squash_factor=self.squash_factor, smoothed=self.smoothed,
+                                   max_number_length=self.max_number_length)
 
     @property
     def smoothed(self) -> bool:

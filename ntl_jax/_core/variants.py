@@ -321,12 +321,14 @@ VARIANTS = {
     "dist2": dist2(),
 }
 KINDS = tuple(VARIANTS)
+NUMBER_LEVEL_KINDS = ("number_level", "number_level_float")
 
 
-def variant_of(kind, *, squash_factor=None, smoothed: bool = False) -> Variant:
+def variant_of(kind, *, squash_factor=None, smoothed: bool = False, max_number_length=None) -> Variant:
     """The `Variant` of a checked `kind`: a name in `VARIANTS`, a `Variant`, or a loss
     function `(prediction, target) -> loss` (`dot`); `squash_factor` for "was",
-    `smoothed` (a Gaussian-smoothed label) for "was_cdf"."""
+    `smoothed` (a Gaussian-smoothed label) for "was_cdf", `max_number_length` (None:
+    the default) for the number-level kinds."""
     if isinstance(kind, Variant):
         return kind
     if not isinstance(kind, str):
@@ -335,4 +337,6 @@ def variant_of(kind, *, squash_factor=None, smoothed: bool = False) -> Variant:
         return was(squash_factor)
     if kind == "was_cdf" and smoothed:
         return WAS_CDF_SMOOTHED
+    if kind in NUMBER_LEVEL_KINDS and max_number_length is not None:
+        return number_level(kind == "number_level_float", max_number_length)
     return VARIANTS[kind]
