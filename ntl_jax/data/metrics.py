@@ -35,6 +35,7 @@ __all__ = ["CLIP", "exact_match", "fraction_unparseable", "log_mae", "log_r2", "
 
 _NUMBER = re.compile(r"\s*([+-]?\s*(\d+)(\.\d+)?)")
 CLIP = 1e10
+"""Parsed predictions are clipped to [-CLIP, CLIP] before the error metrics."""
 
 
 def parse_number(text) -> float:
@@ -119,25 +120,37 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def _metric(key: str, doc: str):
+def _metric(key: str):
     def fn(targets, predictions) -> float:
         return number_metrics(targets, predictions)[key]
 
     fn.__name__ = key
-    fn.__doc__ = f"{doc} (see the module docstring); a float."
+    fn.__doc__ = f"`number_metrics(targets, predictions)[{key!r}]` (see the module docstring); a float."
     return fn
 
 
-number_accuracy = _metric("number_accuracy", "Fraction of examples whose number is right")
-mae = _metric("mae", "Mean absolute error over parseable predictions")
-mse = _metric("mse", "Mean squared error over parseable predictions")
-r2 = _metric("r2", "Coefficient of determination over parseable predictions")
-median_absolute_error = _metric("median_absolute_error", "Median absolute error")
-log_mae = _metric("log_mae", "MAE on sign(x)*log10(|x|+1)")
-log_r2 = _metric("log_r2", "R^2 on sign(x)*log10(|x|+1)")
-pearson = _metric("pearson", "Pearson correlation of prediction and target")
-spearman = _metric("spearman", "Spearman rank correlation of prediction and target")
-fraction_unparseable = _metric("fraction_unparseable", "Fraction of predictions without a number")
+# One function per key of `number_metrics`, each `fn(targets, predictions) -> float`; the
+# string after each is its entry in the API reference.
+number_accuracy = _metric("number_accuracy")
+"""Fraction of examples whose number is right: `number_accuracy(targets, predictions) -> float`."""
+mae = _metric("mae")
+"""Mean absolute error over parseable predictions: `mae(targets, predictions) -> float`."""
+mse = _metric("mse")
+"""Mean squared error over parseable predictions: `mse(targets, predictions) -> float`."""
+r2 = _metric("r2")
+"""Coefficient of determination over parseable predictions: `r2(targets, predictions) -> float`."""
+median_absolute_error = _metric("median_absolute_error")
+"""Median absolute error: `median_absolute_error(targets, predictions) -> float`."""
+log_mae = _metric("log_mae")
+"""MAE on sign(x)*log10(|x|+1): `log_mae(targets, predictions) -> float`."""
+log_r2 = _metric("log_r2")
+"""R^2 on sign(x)*log10(|x|+1): `log_r2(targets, predictions) -> float`."""
+pearson = _metric("pearson")
+"""Pearson correlation of prediction and target: `pearson(targets, predictions) -> float`."""
+spearman = _metric("spearman")
+"""Spearman rank correlation of prediction and target: `spearman(targets, predictions) -> float`."""
+fraction_unparseable = _metric("fraction_unparseable")
+"""Fraction of predictions without a number: `fraction_unparseable(targets, predictions) -> float`."""
 
 
 def exact_match(targets, predictions) -> dict[str, float]:
