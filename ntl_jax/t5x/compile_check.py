@@ -4,12 +4,15 @@ machine, ahead of time, and read what each chip needs.
     python -m ntl_jax.t5x.compile_check --topology=v5e:4x4 \\
         --gin_file=t5x_configs/experiments/finetune/xl_arithmetic.gin [--gin.X=...] [--json=out.json]
 
+Nothing is written, so the gins' `MODEL_DIR` needs no value here.
+
 The flags are T5X's train flags (`--gin_file`, `--gin.NAME=value`, `--gin_bindings`,
 `--gin_search_paths`, with ntl_jax's gin files on the path) plus `--topology`, a name
 libtpu knows (`v5e:4x4`, `v4:2x2x4`, `v5p:2x2x2`, `v6e:2x4`, ...; v4 and v5p chips as
 one megacore device each, as T5X runs them). Nothing is read or trained: the gin's model,
 partitioner (its `num_partitions` / `model_parallel_submesh` laid out over the pod's
-chips as T5X lays them out), batch size and feature lengths give the train step's
+chips as T5X lays them out; data-parallel, printed, on chips T5X has no default layout
+for), batch size and feature lengths give the train step's
 shapes; libtpu's compiler (`pip install 'jax[tpu]'`, no TPU needed) compiles T5X's train
 step for the pod's chips, as host 0 of the pod would.
 
@@ -30,6 +33,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from typing import Any, Optional, Sequence
 from unittest import mock
 
@@ -63,9 +67,16 @@ def tpu_devices(topology: str):
             f"v5e:2x2, v5e:4x4, v4:2x2x4, v5p:2x2x2, v6e:2x4 (libtpu comes with pip install 'jax[tpu]')") from None
 
 
+# The layout taken where T5X has no default for the chips and the gin asks for one
+# partition per model replica: each chip holds a whole replica (data-parallel).
+DATA_PARALLEL_SUBMESH = (1, 1, 1, 1)
+
+
 def mesh_for(partitioner, devices):
-    """The mesh T5X's partitioner would build on a host of the pod: its
-    `model_parallel_submesh` or its `num_partitions`, over `devices`."""
+    """`(mesh, layout)`: the mesh T5X's partitioner would build on a host of the pod,
+    from its `model_parallel_submesh` or its `num_partitions`, over `devices`, and how it
+    was laid out (None: by T5X's own rule). Where T5X has no default layout for the
+    chips (v5e among them) and the gin asks for one partition, the data-parallel one."""
     import jax
     from t5x import partitioning
 
@@ -77,8 +88,14 @@ def mesh_for(partitioner, devices):
             mock.patch.object(jax, "local_devices", lambda *a, **k: host_0):
         try:
             return partitioning.default_mesh(partitioner._num_partitions, partitioner._model_parallel_submesh,
-                                             None, partitioner._ici_mesh_shape, partitioner._dcn_mesh_shape)
+                                             None, partitioner._ici_mesh_shape, partitioner._dcn_mesh_shape), None
         except ValueError as error:  # T5X has no default layout for some chips (v5e among them)
+            if partitioner._model_parallel_submesh is None and partitioner._num_partitions in (None, 1):
+                mesh = partitioning.default_mesh(None, DATA_PARALLEL_SUBMESH, None, partitioner._ici_mesh_shape,
+                                                 partitioner._dcn_mesh_shape)
+                return mesh, (f"data-parallel, model_parallel_submesh={DATA_PARALLEL_SUBMESH} (T5X has no default "
+                              f"layout for these chips; a pod run needs --gin.partitioning.PjitPartitioner."
+                              f"model_parallel_submesh={DATA_PARALLEL_SUBMESH} too)")
             raise CheckError(
                 f"T5X would not start on this pod: {error}\nGive the model-parallel tile (x, y, z, core) of "
                 f"each model replica, e.g. --gin.partitioning.PjitPartitioner.model_parallel_submesh=(1,1,1,1) "
@@ -137,6 +154,7 @@ class Report:
     hbm_bytes: int
     bytes_accessed: float
     collectives: dict
+    layout: Optional[str] = None  # how the mesh was laid out where T5X has no rule; None: T5X's
 
     @property
     def fits(self) -> bool:
@@ -149,6 +167,7 @@ class Report:
         lines = [
             f"{self.topology}: {self.chips} x {self.device_kind} on {self.hosts} hosts, mesh "
             + " x ".join(f"{k} {v}" for k, v in self.mesh.items()),
+            *([f"layout: {self.layout}"] if self.layout else []),
             f"batch {self.batch_size}, lengths {self.feature_lengths}, NTL {self.ntl}",
             "per chip:",
             f"  parameters        {gib(self.params_bytes)}",
@@ -179,7 +198,7 @@ def check(*, model, train_dataset_cfg, partitioner, topology: str, hbm_gib: Opti
     from t5x import trainer as trainer_lib
 
     devices = tpu_devices(topology)
-    mesh = mesh_for(partitioner, devices)
+    mesh, layout = mesh_for(partitioner, devices)
     partitioner.__dict__["mesh"] = mesh  # T5X's cached property, set before any use
     converter = model.FEATURE_CONVERTER_CLS(pack=train_dataset_cfg.pack)
     lengths = converter.get_model_feature_lengths(train_dataset_cfg.task_feature_lengths)
@@ -228,7 +247,8 @@ def check(*, model, train_dataset_cfg, partitioner, topology: str, hbm_gib: Opti
              "fused": model.fused_loss} if hasattr(model, "ntl_options") else {},
         params_bytes=params_bytes, optimizer_bytes=state_bytes - params_bytes, batch_bytes=batch_bytes,
         temp_bytes=int(memory.temp_size_in_bytes), total_bytes=int(total), hbm_bytes=int(hbm_gib * GIB),
-        bytes_accessed=float(cost.get("bytes accessed", float("nan"))), collectives=collectives(compiled.as_text()))
+        bytes_accessed=float(cost.get("bytes accessed", float("nan"))), collectives=collectives(compiled.as_text()),
+        layout=layout)
 
 
 def _flags():
@@ -263,8 +283,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
         __main__.train = train  # what `import __main__ as train_script` in the gin files resolves
         configurable = gin.configurable("train", module="__main__")(train)
-        gin_utils.parse_gin_flags(FLAGS.gin_search_paths + [gin_search_path()], FLAGS.gin_file,
-                                  FLAGS.gin_bindings)
+        bindings = list(FLAGS.gin_bindings)
+        if not any(re.match(r"\s*MODEL_DIR\s*=", b) for b in bindings):
+            # Nothing is written: the shipped gins' required MODEL_DIR gets a path never made.
+            bindings.append(f"MODEL_DIR = {os.path.join(tempfile.gettempdir(), 'ntl_jax_compile_check_unused')!r}")
+        gin_utils.parse_gin_flags(FLAGS.gin_search_paths + [gin_search_path()], FLAGS.gin_file, bindings)
         model, dataset_cfg, partitioner = configurable()
         try:
             microbatches = gin.query_parameter("trainer.Trainer.num_microbatches")

@@ -1,7 +1,8 @@
 """`python -m ntl_jax.t5x.compile_check` on the tiny NTL gin for a v5e:2x2 slice (four
 chips, one host), compiled with libtpu ahead of time: the report's layout and per-chip
 figures, a config that does not fit, and the two ways a run is refused (a topology
-libtpu does not know; a chip T5X has no default layout for). Skipped without t5x or
+libtpu does not know; a chip T5X has no default layout for, with more than one
+partition), and the check from the topology and the gin alone. Skipped without t5x or
 libtpu.
 """
 
@@ -66,9 +67,27 @@ def test_an_unknown_topology_gets_libtpus_word_not_a_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_the_topology_and_the_gin_are_enough(tmp_path, report):
+    """No MODEL_DIR (nothing is written) and no layout: T5X has none for v5e chips, so the
+    check lays one partition per replica out data-parallel, says so, and reports what
+    the explicit layout does."""
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run([sys.executable, "-m", "ntl_jax.t5x.compile_check", "--topology=v5e:2x2", GIN,
+                             f"--json={tmp_path / 'report.json'}"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert "layout: data-parallel, model_parallel_submesh=(1, 1, 1, 1) (T5X has no default layout" in result.stdout
+    got = json.loads((tmp_path / "report.json").read_text())
+    assert got["layout"].startswith("data-parallel") and report[0]["layout"] is None
+    assert {k: v for k, v in got.items() if k != "layout"} == {k: v for k, v in report[0].items() if k != "layout"}
+    assert not list(tmp_path.glob("**/checkpoint*"))
+
+
 def test_a_chip_without_a_default_t5x_layout_names_the_setting(tmp_path):
-    # T5X's default_mesh has no layout for v5e chips: a pod run would stop the same way.
-    result = _check(tmp_path, "--topology=v5e:2x2")
+    # T5X's default_mesh has no layout for v5e chips; with two partitions per replica the
+    # check does not guess one: a pod run would stop the same way.
+    result = _check(tmp_path, "--topology=v5e:2x2", "--gin.partitioning.PjitPartitioner.num_partitions=2")
     assert result.returncode == 1
     assert "T5X would not start on this pod" in result.stderr
     assert "model_parallel_submesh" in result.stderr and "Traceback" not in result.stderr
