@@ -26,6 +26,8 @@ def _step(vocabulary, model, loss, fused):
     ("encoder-decoder", False, "ntl-was"),
     ("encoder-decoder", True, "ntl-number-level"),
     ("decoder-only", False, "ce"),
+    ("decoder-only", False, "ntl-was"),
+    ("decoder-only", True, "del"),
 ])
 def test_fused_step_equals_the_unfused_step(vocabulary, architecture, tied, loss):
     cfg = network.make_config("micro", vocabulary.vocab_size, logits_via_embedding=tied)
