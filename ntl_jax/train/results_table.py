@@ -154,11 +154,12 @@ def render(result: dict) -> str:
         timing += f", training time of all runs {fmt_seconds(result['run_seconds'])}"
     lines += [f"`{result.get('command', '')}` · {result.get('machine', 'n/a')} · {timing}", ""]
     if "fused_loss" not in (result.get("settings") or {"fused_loss": None}):
-        version = (result.get("versions") or {}).get("ntl-jax", "an earlier version")
-        lines += [f"Trained by ntl-jax {version} from the logits, before `--fused-loss` became the default: "
+        version = (result.get("versions") or {}).get("ntl-jax")
+        version = f"ntl-jax {version}" if version else "an earlier ntl-jax"
+        lines += [f"Trained by {version} from the logits, before `--fused-loss` became the default: "
                   "`--no-fused-loss` repeats these settings, but not these runs: today's code trains each "
                   "seed along another path (seed 0 of the multiplication comparison, rerun so, ends at "
-                  f"another accuracy); repeating them takes ntl-jax {version}.", ""]
+                  f"another accuracy); repeating them takes {version}.", ""]
 
     rows = []
     for label, per_metric in summary.items():

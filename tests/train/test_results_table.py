@@ -323,10 +323,14 @@ def test_script_refresh_paired_recomputes_the_files_paired_section(tmp_path):
     assert again.returncode == 0 and again.stdout == ""
 
 
-def test_runs_from_before_the_fused_loss_say_how_to_repeat_them():
+def test_runs_from_before_the_fused_loss_say_which_version_repeats_them():
     result = tiny_result()
     del result["settings"]["fused_loss"]
-    assert "add `--no-fused-loss` to the command" in results_table.render(result)
+    assert ("Trained by an earlier ntl-jax from the logits, before `--fused-loss` became the default: "
+            "`--no-fused-loss` repeats these settings, but not these runs") in results_table.render(result)
+    result["versions"] = {"ntl-jax": "0.1.0"}
+    assert "Trained by ntl-jax 0.1.0 from the logits" in results_table.render(result)
+    assert "repeating them takes ntl-jax 0.1.0." in results_table.render(result)
     assert "--no-fused-loss" not in results_table.render(tiny_result())
 
 
