@@ -2,9 +2,10 @@
 
 The paper's picture (Zausinger et al. 2025, Fig. 1): cross-entropy only asks whether the
 right digit got the mass, so every wrong digit costs the same; NTL grows with how far
-the predicted digits are from the target, and so do its successors DEL (a binary
-cross-entropy per digit, weighted by the digit's mass) and DIST² (a KL divergence to a
-target spread by distance). Computed with the library's own losses on a
+the predicted digits are from the target, and so does its successor DIST² (a KL
+divergence to a target spread by distance); its other successor DEL (a binary
+cross-entropy per digit, weighted by the digit's mass and place) weighs places, not
+distances, so it too charges every wrong digit alike. Computed with the library's own losses on a
 vocabulary made of the ten digits plus padding and EOS.
 """
 
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     for ax in axes:
         ax.axvline(args.digit, color="grey", lw=0.8, ls=":")
         ax.legend()
-    fig.suptitle("Cross-entropy ignores how far off a wrong digit is; NTL, DEL and DIST² do not")
+    fig.suptitle("CE and DEL charge every wrong digit alike; NTL and DIST² grow with how far off it is")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")

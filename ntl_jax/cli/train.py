@@ -68,7 +68,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                    help="(default: %(default)s)")
     g.add_argument("--ntl-weight", type=finite_non_negative_float, default=[0.3] if sweep else 0.3,
                    nargs="+" if sweep else None, metavar="LAMBDA",
-                    help="lambda in CE + lambda * NTL (the ntl-* losses)" + (", several to sweep it" if sweep else "")
+                   help="lambda in CE + lambda * NTL (the ntl-* losses)" + (", several to sweep it" if sweep else "")
                         + " (default: %(default)s)")
     # DEL's and DIST²'s authors' settings on this objective (docs/guides/losses.md, "Weights").
     for name, default, what in (("del", 0.001, "DEL"), ("dist2", 0.1, "DIST²")):
