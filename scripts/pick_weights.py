@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pathlib
 import sys
 
-FLAGS = {"del": "--del-weight", "dist2": "--dist2-weight"}
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from ntl_jax.train.systems import weight_flag  # noqa: E402
 
 
 def pick(result: dict, metric: str) -> dict[str, float]:
@@ -40,7 +43,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with open(args.result, encoding="utf-8") as f:
         picked = pick(json.load(f), args.metric)
-    print(" ".join(f"{FLAGS.get(loss, '--ntl-weight')} {weight:g}" for loss, weight in picked.items()))
+    print(" ".join(f"--{weight_flag(loss).replace('_', '-')} {weight:g}" for loss, weight in picked.items()))
     return 0
 
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli import train as cli_train
+from ntl_jax.train import data as data_lib
 
 TASKS = ("arithmetic", "multiplication", "diabetes")
 PROTOCOLS = ("scratch", "finetune")
@@ -178,7 +179,6 @@ _DATA: dict = {}
 
 
 def _train_one(args: argparse.Namespace, spec: RunSpec, out: str, progress: bool) -> dict:
-    from ntl_jax.train import data as data_lib
     from ntl_jax.train import systems
     from ntl_jax.train.trainer import finished_run, train
 
@@ -295,7 +295,7 @@ def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
     metrics = sorted({k for r in records for k in r["metrics"]})
     shown = [m for m in table_metrics(args) if m in metrics]
     thresholds = {f"{split}/number_accuracy": args.high_mode_threshold
-                  for split in ("test_interpolate", "validation")}
+                  for split in ("test_interpolate", data_lib.VALIDATION)}
     title = (f"{args.task} ({args.module}, {cli_train.architecture(args)}), preset {args.preset}, "
              f"{args.protocol}: " + (f"CE pretraining {args.pretrain_steps or args.steps} steps"
                                      f" at lr {args.learning_rate:g}, then "
@@ -330,11 +330,9 @@ def check_also_against(args: argparse.Namespace) -> None:
 def table_metrics(args: argparse.Namespace) -> list[str]:
     """The task's metrics on the splits the runs are scored on: its test splits, or
     with `--eval-split validation` the interpolation metrics on the validation split."""
-    from ntl_jax.train.data import VALIDATION
-
-    if getattr(args, "eval_split", "test") != VALIDATION:
+    if getattr(args, "eval_split", "test") != data_lib.VALIDATION:
         return list(TABLE_METRICS[args.task])
-    return [VALIDATION + "/" + m.split("/", 1)[1] for m in TABLE_METRICS[args.task]
+    return [data_lib.VALIDATION + "/" + m.split("/", 1)[1] for m in TABLE_METRICS[args.task]
             if m.startswith("test_interpolate/")]
 
 

@@ -11,6 +11,7 @@ from ntl_jax._core.variants import KINDS
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli.flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
 from ntl_jax.train import systems
+from ntl_jax.train.data import EVAL_CHOICES
 
 # Defaults shared with `ntl-jax compare` (its defaults are this run at three losses).
 # arithmetic__add_or_sub rather than the paper's add_sub_multiple ablation module: at
@@ -77,7 +78,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                        metavar="LAMBDA",
                        help=f"lambda in CE + lambda * {what} for the losses {name} and gce+{name}"
                             + (", several to sweep it" if sweep else "") + " (default: %(default)s)")
-    g.add_argument("--eval-split", choices=("test", "validation"), default="test",
+    g.add_argument("--eval-split", choices=EVAL_CHOICES, default="test",
                    help="test: score on the task's test splits; validation: on held-out "
                         "problems drawn like the training ones (none of the run's training "
                         "pool), to pick settings without looking at the tests (default: "

@@ -184,10 +184,9 @@ def render(result: dict) -> str:
     compared = [(label, metric, per_metric[metric]) for label, per_metric in paired.items()
                 for metric in metrics if per_metric.get(metric) is not None]
     for baseline in also_against(result):
-        runs = [run | {"baseline": baseline} for run in result["runs"]
-                if run["loss"] != DEFAULT_BASELINE]  # CE − baseline is baseline − CE above
         compared += [(label, metric, per_metric[metric]) for label, per_metric
-                     in paired_stats.paired_comparison(runs, metrics=metrics).items()
+                     in against(result, baseline)["paired"].items()
+                     if label != DEFAULT_BASELINE  # CE − baseline is baseline − CE above
                      for metric in metrics if per_metric.get(metric) is not None]
     # One family: every comparison of the table, adjusted together (Holm).
     adjusted = paired_stats.holm([e.get("p") for _, _, e in compared])
