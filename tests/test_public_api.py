@@ -29,11 +29,13 @@ for entry in ENTRIES:
 def _import(module):
     if module.startswith("ntl_jax.t5x."):
         pytest.importorskip("t5x.models", reason="t5x is not installed (it is not on PyPI; see the README)")
+    if module.startswith("ntl_jax.tunix"):
+        pytest.importorskip("tunix", reason="Tunix is not installed (the tunix extra)")
     return importlib.import_module(module)
 
 
 def test_the_reference_documents_the_core_and_each_integration():
-    assert set(NAMES) == {"ntl_jax", "ntl_jax.flax", "ntl_jax.seqio"}
+    assert set(NAMES) == {"ntl_jax", "ntl_jax.flax", "ntl_jax.seqio", "ntl_jax.tunix"}
     assert set(MODULES) == {"ntl_jax.t5x.models", "ntl_jax.seqio.tasks", "ntl_jax.data", "ntl_jax.data.metrics"}
 
 

@@ -28,6 +28,7 @@ the call, so under `nnx.grad`/`jax.grad` and `jit` it is the traced parameter it
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import types
 from typing import Any, Callable
@@ -41,43 +42,76 @@ from ntl_jax.flax._linen import cast_like_projection
 
 HEAD_ATTRIBUTE = "lm_head"
 
-# The projection calls seen in the running `hidden_states_and_kernel`, as
+
+@dataclasses.dataclass(frozen=True)
+class Projection:
+    """How a head class computes logits from hidden states: `method(hidden)` returns
+    `inputs(module, hidden) @ kernel(module)`. `inputs` returns `hidden` as the projection
+    multiplies it (cast to its compute dtype; a column of ones for a bias, which `kernel`
+    carries as its last row); `kernel` returns `[d_model, vocab]`."""
+
+    method: str
+    inputs: Callable[[Any, jax.Array], jax.Array]
+    kernel: Callable[[Any], jax.Array]
+
+
+def _linear_inputs(module: nnx.Linear, inputs):
+    bias = module.bias[...] if module.bias is not None else None
+    inputs, _, bias = module.promote_dtype((inputs, module.kernel[...], bias), dtype=module.dtype)
+    if bias is None:
+        return inputs
+    return jnp.concatenate([inputs, jnp.ones(inputs.shape[:-1] + (1,), inputs.dtype)], axis=-1)
+
+
+def _linear_kernel(module: nnx.Linear):
+    if module.bias is None:
+        return module.kernel[...]
+    kernel = module.kernel[...]
+    return jnp.concatenate([kernel, jnp.asarray(module.bias[...], kernel.dtype)[None, :]], axis=0)
+
+
+def _attend_inputs(module: nnx.Embed, query):
+    query, _ = module.promote_dtype((query, module.embedding[...]), dtype=module.dtype)
+    return query
+
+
+LINEAR = Projection("__call__", _linear_inputs, _linear_kernel)
+ATTEND = Projection("attend", _attend_inputs, lambda module: jnp.transpose(module.embedding[...]))
+
+
+def flax_projection(module: Any) -> Projection | None:
+    """Flax's heads: an `nnx.Linear`, and an `nnx.Embed`'s `attend` (tied logits)."""
+    if isinstance(module, nnx.Linear):
+        return LINEAR
+    if isinstance(module, nnx.Embed):
+        return ATTEND
+    return None
+
+
+# The projection calls seen in the running `hidden_states_through`, as
 # `(index of the head, compute dtype)`; None outside it.
 _CALLS: contextvars.ContextVar[list | None] = contextvars.ContextVar("ntl_jax_nnx_head_calls", default=None)
-_SKIPPED_CLASSES: dict[tuple[type, int], type] = {}
+_SKIPPED_CLASSES: dict[tuple[type, int, Projection], type] = {}
 
 
-def _skipped_class(cls: type, index: int) -> type:
-    """The subclass of `cls` whose projection records `index` and returns its input
-    (promoted to the projection's compute dtype, with a column of ones for a bias).
-    Cached: a class per (head class, index), never one per call."""
-    key = (cls, index)
+def _skipped_class(cls: type, index: int, projection: Projection) -> type:
+    """The subclass of `cls` whose projection records `index` and returns its input as
+    the projection multiplies it. Cached: a class per (head class, index, projection),
+    never one per call."""
+    key = (cls, index, projection)
     if key in _SKIPPED_CLASSES:
         return _SKIPPED_CLASSES[key]
-    if issubclass(cls, nnx.Embed):
-        def attend(self, query, *args, **kwargs):
-            calls = _CALLS.get()
-            if calls is None:  # not within hidden_states_and_kernel: behave as the head
-                return cls.attend(self, query, *args, **kwargs)
-            query, _ = self.promote_dtype((query, self.embedding[...]), dtype=self.dtype)
-            calls.append((index, query.dtype))
-            return query
+    original = getattr(cls, projection.method)
 
-        body = {"attend": attend}
-    else:
-        def __call__(self, inputs, *args, **kwargs):
-            calls = _CALLS.get()
-            if calls is None:
-                return cls.__call__(self, inputs, *args, **kwargs)
-            bias = self.bias[...] if self.bias is not None else None
-            inputs, _, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
-            calls.append((index, inputs.dtype))
-            if bias is None:
-                return inputs
-            return jnp.concatenate([inputs, jnp.ones(inputs.shape[:-1] + (1,), inputs.dtype)], axis=-1)
+    def skipped(self, inputs, *args, **kwargs):
+        calls = _CALLS.get()
+        if calls is None:  # not within hidden_states_through: behave as the head
+            return original(self, inputs, *args, **kwargs)
+        inputs = projection.inputs(self, inputs)
+        calls.append((index, inputs.dtype))
+        return inputs
 
-        body = {"__call__": __call__}
-    body.update(__module__=cls.__module__, __qualname__=cls.__qualname__)
+    body = {projection.method: skipped, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
     # The subclass is declared a pytree or not as the head's class is (Flax's default otherwise).
     pytree = compat.nnx_declared_pytree(cls)
     keywords = {} if pytree is None else {"pytree": pytree}
@@ -85,9 +119,11 @@ def _skipped_class(cls: type, index: int) -> type:
     return _SKIPPED_CLASSES[key]
 
 
-def _describe(module: nnx.Module, names: dict[int, str]) -> str:
+def describe(module: Any, projection: Projection, names: dict[int, str]) -> str:
+    """`path (Class.method)`: where a head sits in the model and what computes its logits."""
     name = names.get(id(module), "<not in the model>")
-    return f"{name} ({type(module).__name__}{'.attend' if isinstance(module, nnx.Embed) else ''})"
+    method = "" if projection.method == "__call__" else f".{projection.method}"
+    return f"{name} ({type(module).__name__}{method})"
 
 
 def _module_at(model: nnx.Module, path: str) -> Any:
@@ -103,7 +139,7 @@ def _module_at(model: nnx.Module, path: str) -> Any:
     return node
 
 
-def _heads(model: nnx.Module, head: str | nnx.Module | None) -> list[nnx.Module]:
+def _heads(model: nnx.Module, head: str | nnx.Module | None) -> list[tuple[nnx.Module, Projection]]:
     """The modules whose projection calls count, in order, each once."""
     if head is None:
         named = getattr(model, HEAD_ATTRIBUTE, None)
@@ -118,7 +154,46 @@ def _heads(model: nnx.Module, head: str | nnx.Module | None) -> list[nnx.Module]
             )
         heads = [module]
     unique = {id(m): m for m in heads}
-    return list(unique.values())
+    return [(m, flax_projection(m)) for m in unique.values()]
+
+
+def hidden_states_through(call: Callable[[], Any], heads: list[tuple[Any, Projection]], names: dict[int, str],
+                          expected: str):
+    """`(hidden, kernel)`: what `call()` returns with each head's projection returning
+    its input, and the kernel of the one head it called, both in the dtype the projection
+    computes in. The heads are left as they were, also when the call raises.
+
+    Raises:
+      ValueError: the call used the heads' projections other than once, or it returned
+        something other than the projection's output (`[..., vocab]`).
+    """
+    calls: list = []
+    classes = [type(m) for m, _ in heads]
+    token = _CALLS.set(calls)
+    try:
+        for index, (module, projection) in enumerate(heads):
+            object.__setattr__(module, "__class__", _skipped_class(type(module), index, projection))
+        hidden = call()
+    finally:
+        for (module, _), cls in zip(heads, classes):
+            object.__setattr__(module, "__class__", cls)
+        _CALLS.reset(token)
+    if len(calls) != 1:
+        raise ValueError(
+            f"expected the model to compute its logits with exactly one call of {expected}, "
+            f"got {len(calls)} calls; name the projection with head="
+        )
+    index, dtype = calls[0]
+    module, projection = heads[index]
+    kernel = projection.kernel(module)
+    width = kernel.shape[0]
+    if not isinstance(hidden, jax.Array) or hidden.ndim < 1 or hidden.shape[-1] != width:
+        got = f"shape {hidden.shape}" if hasattr(hidden, "shape") else type(hidden).__name__
+        raise ValueError(
+            f"expected the model to return its logits, so that with {describe(module, projection, names)} "
+            f"skipped it returns [..., {width}] hidden states, got {got}"
+        )
+    return cast_like_projection(hidden, kernel, dtype)
 
 
 def hidden_states_and_kernel(model: nnx.Module, *args, head: str | nnx.Module | None = None,
@@ -163,7 +238,7 @@ def hidden_states_and_kernel(model: nnx.Module, *args, head: str | nnx.Module | 
                         "(Linen networks: linen_hidden_states_and_kernel)")
     heads = _heads(model, head)
     names = {id(node): ".".join(map(str, path)) or "<the model>" for path, node in nnx.iter_graph(model)}
-    expected = " or ".join(_describe(m, names) for m in heads) or (
+    expected = " or ".join(describe(m, p, names) for m, p in heads) or (
         f"an nnx.Linear attribute '{HEAD_ATTRIBUTE}' or an nnx.Embed's attend (the model has neither)"
     )
     if isinstance(method, str):
@@ -172,35 +247,4 @@ def hidden_states_and_kernel(model: nnx.Module, *args, head: str | nnx.Module | 
         call = functools.partial(method, model)
     else:
         call = model
-    calls: list = []
-    classes = [type(m) for m in heads]
-    token = _CALLS.set(calls)
-    try:
-        for index, module in enumerate(heads):
-            object.__setattr__(module, "__class__", _skipped_class(type(module), index))
-        hidden = call(*args, **kwargs)
-    finally:
-        for module, cls in zip(heads, classes):
-            object.__setattr__(module, "__class__", cls)
-        _CALLS.reset(token)
-    if len(calls) != 1:
-        raise ValueError(
-            f"expected the model to compute its logits with exactly one call of {expected}, "
-            f"got {len(calls)} calls; name the projection with head="
-        )
-    index, dtype = calls[0]
-    module = heads[index]
-    if isinstance(module, nnx.Embed):
-        kernel = jnp.transpose(module.embedding[...])
-    else:
-        kernel = module.kernel[...]
-        if module.bias is not None:
-            kernel = jnp.concatenate([kernel, jnp.asarray(module.bias[...], kernel.dtype)[None, :]], axis=0)
-    width = kernel.shape[0]
-    if not isinstance(hidden, jax.Array) or hidden.ndim < 1 or hidden.shape[-1] != width:
-        got = f"shape {hidden.shape}" if hasattr(hidden, "shape") else type(hidden).__name__
-        raise ValueError(
-            f"expected the model to return its logits, so that with {_describe(module, names)} skipped it "
-            f"returns [..., {width}] hidden states, got {got}"
-        )
-    return cast_like_projection(hidden, kernel, dtype)
+    return hidden_states_through(lambda: call(*args, **kwargs), heads, names, expected)

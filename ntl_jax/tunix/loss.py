@@ -1,0 +1,65 @@
+"""CE + `ntl_weight` x NTL as the loss function of Tunix's `PeftTrainer`.
+
+`PeftTrainer.with_loss_fn(loss_fn, has_aux=True)` calls `loss_fn(model, **inputs)` with
+the inputs its `gen_model_input_fn` makes: `input_tokens`, `input_mask`, `positions`,
+`attention_mask` (and `images` for vision models). As Tunix's own cross-entropy, the
+model predicts `input_tokens[:, 1:]` from each prefix, `input_mask[:, 1:]` says which
+targets count, and the loss is a mean over them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+from flax import nnx
+
+from ntl_jax._core.number_tokens import NumberTokens
+from ntl_jax._core.objective import cross_entropy_and_ntl, fused_cross_entropy_and_ntl
+from ntl_jax.tunix.heads import hidden_states_and_kernel
+
+# Tunix's cross-entropy divides by the number of targets its mask keeps.
+LOSS_NORMALIZING_FACTOR = "NUM_REAL_TARGET_TOKENS"
+# The loss parts the trainer logs, beside Tunix's own loss.
+LOGGED_PARTS = ("cross_entropy", "ntl")
+
+
+def number_token_loss_fn(number_tokens: NumberTokens, *, ntl_weight: float = 0.3, ntl_kind: str | Callable = "was",
+                         fused: bool = False, **options) -> Callable:
+    """A `PeftTrainer` loss function: `CE + ntl_weight * NTL` of the model's prediction
+    of each next token, and its parts.
+
+    Args:
+      number_tokens: the model's vocabulary's `NumberTokens` (`ntl_jax.tunix.number_tokens`).
+      ntl_weight, ntl_kind: as in `ntl_jax.cross_entropy_and_ntl` (any kind: `"was"`,
+        `"mse"`, `"del"`, `"dist2"`, ...).
+      fused: compute the loss from the final hidden states and the logits projection
+        (`ntl_jax.fused_cross_entropy_and_ntl`), never holding the `[batch, length,
+        vocab]` logits; the same loss and gradients to float32 rounding. Not with a
+        soft-capped head (Gemma 2) or a LoRA adapter on the head.
+      **options: the objective's other options (`reweigh`, `gce_sigma`, `z_loss`,
+        `label_smoothing`, `chunk_size` with `fused`, ...).
+
+    Returns:
+      `loss_fn(model, input_tokens, input_mask, positions, attention_mask, images=None)`
+      returning `(loss, parts)`; give it to `PeftTrainer.with_loss_fn(loss_fn,
+      has_aux=True)`, or use `NumberTokenLossTrainer`, which also logs the parts.
+    """
+    if not isinstance(number_tokens, NumberTokens):
+        raise TypeError(f"expected NumberTokens (ntl_jax.tunix.number_tokens(tokenizer)), "
+                        f"got {type(number_tokens).__name__}")
+    objective = dict(options, ntl_weight=ntl_weight, ntl_kind=ntl_kind,
+                     loss_normalizing_factor=LOSS_NORMALIZING_FACTOR)
+
+    def loss_fn(model: nnx.Module, input_tokens: jax.Array, input_mask: jax.Array, positions: jax.Array,
+                attention_mask: jax.Array, images: jax.Array | None = None):
+        extra = {} if images is None else {"images": images}
+        targets, weights = input_tokens[:, 1:], input_mask[:, 1:]
+        if fused:
+            hidden, kernel = hidden_states_and_kernel(model, input_tokens, positions, None, attention_mask, **extra)
+            return fused_cross_entropy_and_ntl(hidden[:, :-1], kernel, targets, number_tokens, weights=weights,
+                                               **objective)
+        logits, _ = model(input_tokens, positions, None, attention_mask, **extra)
+        return cross_entropy_and_ntl(logits[:, :-1], targets, number_tokens, weights=weights, **objective)
+
+    return loss_fn

@@ -1,0 +1,49 @@
+"""Tunix's `PeftTrainer` with CE + NTL as its loss, logging the loss parts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tunix.sft import peft_trainer
+
+from ntl_jax._core.number_tokens import NumberTokens
+from ntl_jax.tunix.loss import LOGGED_PARTS, number_token_loss_fn
+
+
+def _buffer_parts(buffer: peft_trainer.MetricsBuffer | None, parts: Any) -> None:
+    # As Tunix's DPO trainer logs its own parts: each step's value joins the buffer the
+    # trainer writes through its metrics logger, averaged over gradient accumulation.
+    if buffer is None or parts is None:
+        return
+    for name in LOGGED_PARTS:
+        values, _ = buffer.additional_metrics.setdefault(name, ([], np.mean))
+        values.append(parts[name])
+
+
+class NumberTokenLossTrainer(peft_trainer.PeftTrainer):
+    """`PeftTrainer` training on `CE + ntl_weight * NTL` (`number_token_loss_fn`).
+
+    Besides Tunix's `loss` (the objective) and `perplexity`, its metrics logger records
+    `cross_entropy` and `ntl` (before `ntl_weight`) for training and evaluation. LoRA
+    models train their adapters, as with Tunix's loss.
+
+    Args:
+      model, optimizer, training_config: as `PeftTrainer`'s.
+      number_tokens: the vocabulary's `NumberTokens` (`ntl_jax.tunix.number_tokens`).
+      ntl_weight, ntl_kind, fused, **options: as `number_token_loss_fn`'s.
+      metrics_logger: as `PeftTrainer`'s.
+    """
+
+    def __init__(self, model, optimizer, training_config: peft_trainer.TrainingConfig, number_tokens: NumberTokens,
+                 *, ntl_weight: float = 0.3, ntl_kind: str = "was", fused: bool = False, metrics_logger=None,
+                 **options):
+        super().__init__(model, optimizer, training_config, metrics_logger=metrics_logger)
+        self.with_loss_fn(number_token_loss_fn(number_tokens, ntl_weight=ntl_weight, ntl_kind=ntl_kind, fused=fused,
+                                               **options), has_aux=True)
+
+    def _post_process_train_step(self, aux: Any) -> None:
+        _buffer_parts(self._buffered_train_metrics, aux)
+
+    def _post_process_eval_step(self, aux: Any) -> None:
+        _buffer_parts(self._buffered_eval_metrics, aux)
