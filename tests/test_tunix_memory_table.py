@@ -3,6 +3,8 @@
 import json
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PLATFORMS = {"cpu": "CPU", "tpu": "TPU v5e"}
 
@@ -17,10 +19,11 @@ def expected_table(result: dict) -> list[str]:
     return lines
 
 
-def test_the_guide_shows_the_committed_memory_figures():
-    result = json.loads((ROOT / "benchmarks" / "results" / "tunix_memory_qwen.json").read_text())
+@pytest.mark.parametrize("name", ["tunix_memory_qwen", "tunix_memory_qwen_short"])
+def test_the_guide_shows_the_committed_memory_figures(name):
+    result = json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
     page = (ROOT / "docs" / "guides" / "tunix.md").read_text()
-    table = page.split("<!-- tunix-memory -->")[1].split("<!-- /tunix-memory -->")[0]
+    table = page.split(f"<!-- tunix-memory:{name} -->")[1].split(f"<!-- /tunix-memory:{name} -->")[0]
     assert table.strip().splitlines()[2:] == expected_table(result)
-    assert result["command"] in page.replace("`", "")
+    assert result["command"] in " ".join(page.replace("`", "").split())
     assert result["model"]["vocab"] == 151_936 and len(result["rows"]) == 8
