@@ -8,7 +8,9 @@ Rows per size and topology (each compile_check's report, per chip):
   with NTL still computed as a metric, from the logits;
 - `NTL`: CE + 0.3 * NTL-WAS from the logits (`NTL_FUSED_LOSS = False`);
 - `NTL fused`: the same from the hidden states and the kernel in vocabulary chunks
-  (`NTL_FUSED_LOSS = True`, the gin files' default), vocabulary-parallel over `model`.
+  (`NTL_FUSED_LOSS = True`), vocabulary-parallel over `model`;
+- `gin default`: the gin file as shipped (`NTL_FUSED_LOSS = 'auto'`: fused where each
+  chip holds at least d_model target tokens, else from the logits).
 
 Ratios are to `CE (ntl_weight=0)`, as the question is what NTL adds to a CE run.
 
@@ -40,6 +42,7 @@ ROWS = {
     "CE (ntl_weight=0)": ["--gin.NTL_WEIGHT=0.0", "--gin.NTL_FUSED_LOSS=False"],
     "NTL": ["--gin.NTL_FUSED_LOSS=False"],
     "NTL fused": ["--gin.NTL_FUSED_LOSS=True"],
+    "gin default": [],
 }
 BASELINE = "CE (ntl_weight=0)"
 GIB = 1024**3

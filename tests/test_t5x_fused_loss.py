@@ -133,7 +133,7 @@ def test_the_fused_model_never_forms_the_logits():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(fused_loss="yes"), "fused_loss to be True or False"),
+    (dict(fused_loss="yes"), "expected fused_loss True, False or 'auto'"),
     (dict(fused_chunk_size=0), "fused_chunk_size None or a positive int"),
     (dict(fused_vocab_axis=1), "fused_vocab_axis None or the name of a mesh axis"),
     (dict(fused_vocab_axis=("model",)), "fused_vocab_axis None or the name of a mesh axis"),
@@ -351,3 +351,34 @@ def _vocab_parallel_checks():
 
 if __name__ == "__main__":
     _vocab_parallel_checks()
+
+
+@pytest.mark.parametrize("length, fused", [(2, False), (10, True)])
+def test_auto_fuses_where_each_device_holds_d_model_target_tokens(monkeypatch, length, fused):
+    """`fused_loss="auto"` on one device: 3 x 2 = 6 target tokens, below d_model 8, take
+    the logits; 3 x 10 = 30 fuse. Either way the loss is the logits path's."""
+    batch = {name: value[:, :length] for name, value in make_batch(packed=False, seed=5).items()}
+    module = TinyDecoder()
+    params = _params(module, batch)
+    calls = []
+    streamed = t5x_loss.model_loss_from_hidden
+    monkeypatch.setattr(t5x_loss, "model_loss_from_hidden", lambda *a, **k: calls.append(1) or streamed(*a, **k))
+    expected, expected_metrics = FlaxFakeModel(module=module).loss_fn(params, batch, None)
+    auto = FlaxFakeModel(module=module, fused_loss="auto", fused_chunk_size=5)
+    assert auto.fused_loss == "auto"
+    loss, metrics = auto.loss_fn(params, batch, None)
+    assert len(calls) == int(fused)
+    np.testing.assert_allclose(loss, expected, rtol=2e-5)
+    for name in expected_metrics:
+        np.testing.assert_allclose(value(metrics[name]), value(expected_metrics[name]), rtol=2e-5, atol=1e-7)
+
+
+def test_the_rule_counts_the_target_tokens_of_each_data_shard():
+    # A 4 x 2 mesh: the batch splits over 4 data shards, or over all 8 devices when no
+    # axis is the model's.
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((4, 2), ("data", "model"))):
+        assert t5x_loss.fused_head_pays((3, 10), D_MODEL, "model") is False  # 7.5 per shard
+        assert t5x_loss.fused_head_pays((4, 8), D_MODEL, "model") is True  # 8
+        assert t5x_loss.fused_head_pays((4, 8), D_MODEL, None) is False  # 4
+        assert t5x_loss.fused_head_pays((8, 8), D_MODEL, None) is True
+    assert t5x_loss.fused_head_pays((1, 8), D_MODEL, "model") is True  # no mesh: one device

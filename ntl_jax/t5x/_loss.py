@@ -21,6 +21,7 @@ Zausinger et al., "Regress, Don't Guess", ICML 2025 (arXiv:2411.02083).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple
 
 import jax
@@ -260,6 +261,33 @@ def context_vocab_axis(vocab_axis: Optional[str]) -> Optional[str]:
     return vocab_axis
 
 
+# `fused_loss="auto"`: the fused head is taken where it pays (`fused_head_pays`).
+AUTO = "auto"
+
+
+def fused_head_pays(target_shape, d_model: int, model_axis: Optional[str]) -> bool:
+    """Whether the fused head saves memory over the logits: when each device holds at
+    least `d_model` target tokens. Its extra buffers are kernel-sized (`[d_model, vocab]`
+    per device, the kernel's gradient and a chunk), what it saves is logits-sized
+    (`[tokens, vocab]`, several times over in the backward pass), so it pays once the
+    logits outweigh the kernel (docs/performance.md has the measurements). The tokens per
+    device are the batch's over the mesh in context's data shards: its size over that
+    of `model_axis`, the axis that does not split the batch."""
+    mesh = vocab_parallel.context_mesh()
+    shards = 1
+    if mesh is not None:
+        shape = dict(mesh.shape)
+        shards = mesh.size // shape.get(model_axis, 1) if model_axis is not None else mesh.size
+    return math.prod(target_shape) / max(shards, 1) >= d_model
+
+
+def check_fused_loss(fused_loss) -> None:
+    if isinstance(fused_loss, str) and fused_loss == AUTO:
+        return
+    if not isinstance(fused_loss, (bool, np.bool_)):
+        raise TypeError(f"expected fused_loss True, False or {AUTO!r}, got {type(fused_loss).__name__} {fused_loss!r}")
+
+
 def check_vocab_axis(vocab_axis, name: str = "fused_vocab_axis") -> None:
     """Raises `TypeError`/`ValueError` unless `vocab_axis` is None or a mesh axis name
     (a non-empty str)."""
@@ -337,7 +365,7 @@ class NTLLossMixin:
         max_number_length: Optional[int] = None,
         digit_level: bool = True,
         gce_sigma: float = 0.0,
-        fused_loss: bool = False,
+        fused_loss: bool | str = False,
         fused_chunk_size: Optional[int] = None,
         fused_vocab_axis: Optional[str] = "model",
         **kwargs,
@@ -353,9 +381,9 @@ class NTLLossMixin:
             gce_sigma=gce_sigma,
             max_number_length=max_number_length,
         )
-        checks.check_bool("fused_loss", fused_loss)
+        check_fused_loss(fused_loss)
         checks.check_chunk_size(fused_chunk_size, "fused_chunk_size")
-        self._fused_loss = bool(fused_loss)
+        self._fused_loss = fused_loss if fused_loss == AUTO else bool(fused_loss)
         self._fused_chunk_size = fused_chunk_size
         check_vocab_axis(fused_vocab_axis, "fused_vocab_axis")
         self._fused_vocab_axis = fused_vocab_axis
@@ -388,8 +416,9 @@ class NTLLossMixin:
         return self._options.gce_sigma
 
     @property
-    def fused_loss(self) -> bool:
-        """Whether the loss is taken from the hidden states and the logits kernel."""
+    def fused_loss(self) -> bool | str:
+        """Whether the loss is taken from the hidden states and the logits kernel: True,
+        False, or `"auto"`, where each step's shapes decide (`fused_head_pays`)."""
         return self._fused_loss
 
     @property
@@ -408,20 +437,29 @@ class NTLLossMixin:
         With `fused_loss`, the network runs without its logits projection and the loss
         streams `hidden @ kernel` over vocabulary chunks (`model_loss_from_hidden`):
         the `[batch, length, vocab]` logits are never formed; vocabulary-parallel over
-        `fused_vocab_axis` when the mesh in context shards it (`context_vocab_axis`)."""
-        if self._fused_loss:
-            with _linen.projection_skipped() as heads:
-                hidden = self._compute_logits(params, batch, dropout_rng)
-            hidden, kernel = _linen.cast_like_projection(hidden, *_linen.projection_kernel(params, heads))
-            out = model_loss_from_hidden(
-                hidden, kernel, batch, self._number_tokens, self._options, self._loss_normalizing_factor,
-                chunk_size=self._fused_chunk_size, vocab_axis=context_vocab_axis(self._fused_vocab_axis),
-            )
-            logits, targets = out.accuracy_inputs
-        else:
+        `fused_vocab_axis` when the mesh in context shards it (`context_vocab_axis`).
+        With `fused_loss="auto"`, so where each device holds at least `d_model` target
+        tokens (`fused_head_pays`); elsewhere the logits are `hidden @ kernel`."""
+        if self._fused_loss is False:
             logits = self._compute_logits(params, batch, dropout_rng)
             out = model_loss(logits, batch, self._number_tokens, self._options, self._loss_normalizing_factor)
             targets = batch["decoder_target_tokens"]
+        else:
+            with _linen.projection_skipped() as heads:
+                hidden = self._compute_logits(params, batch, dropout_rng)
+            hidden, kernel = _linen.cast_like_projection(hidden, *_linen.projection_kernel(params, heads))
+            fused = self._fused_loss is True or fused_head_pays(
+                batch["decoder_target_tokens"].shape, kernel.shape[0], self._fused_vocab_axis)
+            if fused:
+                out = model_loss_from_hidden(
+                    hidden, kernel, batch, self._number_tokens, self._options, self._loss_normalizing_factor,
+                    chunk_size=self._fused_chunk_size, vocab_axis=context_vocab_axis(self._fused_vocab_axis),
+                )
+                logits, targets = out.accuracy_inputs
+            else:
+                logits = jnp.einsum("...d,dv->...v", hidden, kernel)
+                out = model_loss(logits, batch, self._number_tokens, self._options, self._loss_normalizing_factor)
+                targets = batch["decoder_target_tokens"]
         metrics = self._compute_metrics(
             logits=logits,
             targets=targets,

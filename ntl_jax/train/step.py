@@ -17,11 +17,11 @@ from ntl_jax._core import variants
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import cross_entropy_and_ntl, fused_cross_entropy_and_ntl
 from ntl_jax.flax import _linen
-from ntl_jax.train.systems import loss_name
+from ntl_jax.train.loss_names import loss_name
 
 # `--loss` values: "ce", the cross-entropy baseline (NTL-WAS at weight 0: logged, not
 # trained on), and "ntl-<variant>" for each variant of the one table, `variants.VARIANTS`
-# ("del" and "dist2" for NTL's successors, `systems.loss_name`); and the same on the
+# ("del" and "dist2" for NTL's successors, `loss_names.loss_name`); and the same on the
 # Gaussian-smoothed cross-entropy (`gce_sigma`): "gce", "gce+ntl-<variant>", "gce+del".
 CE_DIAGNOSTIC_KIND = "was"
 GCE_PREFIX = "gce+"

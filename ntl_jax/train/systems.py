@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-# Number losses the trainer names for themselves rather than as NTL variants: NTL's
-# successors, each with its own weight flag (`--del-weight`, `--dist2-weight`).
-OWN_NAMES = ("del", "dist2")
+from ntl_jax.train.loss_names import OWN_NAMES, loss_name  # noqa: F401  (loss_name: this module's API too)
+
 REGRESSION_HEAD = "regression-head"
 RT = "rt"
 RT_NTL = "rt+ntl-mse"
@@ -32,12 +31,6 @@ BASELINES = (REGRESSION_HEAD, RT, RT_NTL, XVAL)
 # Systems with a network of their own that is built on the encoder only or on the
 # encoder-decoder: they need encoder-decoder batches.
 ENCODER_DECODER_ONLY = (REGRESSION_HEAD, XVAL)
-
-
-def loss_name(kind: str) -> str:
-    """The trainer's name of the number loss `ntl_kind=kind`: "del", "dist2", or
-    "ntl-<kind>" ("was_cdf" -> "ntl-was-cdf")."""
-    return kind if kind in OWN_NAMES else "ntl-" + kind.replace("_", "-")
 
 
 def weight_flag(system: str) -> str:

@@ -341,3 +341,26 @@ def test_fused_loss_equals_the_unfused_model(architecture, encdec_params, decode
 
     assert not full_vocab_exps(fused)
     assert full_vocab_exps(unfused)
+
+
+@pytest.mark.parametrize("length", [5, 10])
+@pytest.mark.parametrize("architecture", ["encoder-decoder", "decoder-only-tied"])
+def test_auto_fuses_by_the_rule_and_equals_the_unfused_model(architecture, length, encdec_params, decoder_params):
+    """`fused_loss="auto"` (the gin files' default): the logits path's loss and
+    gradients, fused exactly where the batch holds at least d_model (16) target tokens:
+    3 x 10 do, 3 x 5 do not."""
+    batch = {name: value[:, :length] for name, value in _batch(packed=False, seed=12).items()}
+    options = dict(ntl_kind="was", loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", z_loss=1e-4)
+    if architecture == "encoder-decoder":
+        params, build, cls = encdec_params, _encdec, ntl_models.NTLEncoderDecoderModel
+    else:
+        params, batch, build, cls = decoder_params, _decoder_batch(batch), _decoder_only, ntl_models.NTLDecoderOnlyModel
+    unfused, auto = build(cls, **options), build(cls, fused_loss="auto", fused_chunk_size=100, **options)
+    (loss_u, _), grads_u = jax.value_and_grad(unfused.loss_fn, has_aux=True)(params, batch, None)
+    (loss_a, _), grads_a = jax.value_and_grad(auto.loss_fn, has_aux=True)(params, batch, None)
+    np.testing.assert_allclose(loss_a, loss_u, rtol=2e-5)
+    for g_u, g_a in zip(jax.tree_util.tree_leaves(grads_u), jax.tree_util.tree_leaves(grads_a)):
+        assert float(np.max(np.abs(g_a - g_u))) <= 2e-5 * (float(np.max(np.abs(g_u))) + 1e-30)
+    hlo = jax.jit(jax.grad(lambda p: auto.loss_fn(p, batch, None)[0])).lower(params).compile().as_text()
+    exps = re.findall(rf"f32\[(?:3,{length}|{3 * length}),{MODEL_VOCAB_SIZE}\]\S* exponential\(", hlo)
+    assert bool(exps) == (3 * length < 16), length
