@@ -46,7 +46,7 @@ network.T5Config:
 partitioning.PjitPartitioner.num_partitions = {partitions}
 {extra}
 """
-UNFUSED = "NTL_FUSED_LOSS = False"  # the loss from the logits (the gin files' default is the fused loss)
+UNFUSED = "NTL_FUSED_LOSS = False"  # the loss from the logits (the gin files' default is 'auto')
 EMB_DIM, VOCAB, PARTITIONS = 32, 384, 4  # the logits_dense kernel: [32, 384], 96 columns per device
 # The fused loss, in chunks smaller than a device's share of the vocabulary (96 columns):
 # two chunks per device vocabulary-parallel, six when XLA partitions it.
