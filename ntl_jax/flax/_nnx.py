@@ -64,9 +64,9 @@ def _linear_inputs(module: nnx.Linear, inputs):
 
 
 def _linear_kernel(module: nnx.Linear):
-    if module.bias is None:
-        return module.kernel[...]
     kernel = module.kernel[...]
+    if module.bias is None:
+        return kernel
     return jnp.concatenate([kernel, jnp.asarray(module.bias[...], kernel.dtype)[None, :]], axis=0)
 
 
@@ -158,7 +158,7 @@ def _heads(model: nnx.Module, head: str | nnx.Module | None) -> list[tuple[nnx.M
 
 
 def hidden_states_through(call: Callable[[], Any], heads: list[tuple[Any, Projection]], names: dict[int, str],
-                          expected: str):
+                          expected: str, hint: str = ""):
     """`(hidden, kernel)`: what `call()` returns with each head's projection returning
     its input, and the kernel of the one head it called, both in the dtype the projection
     computes in. The heads are left as they were, also when the call raises.
@@ -181,7 +181,7 @@ def hidden_states_through(call: Callable[[], Any], heads: list[tuple[Any, Projec
     if len(calls) != 1:
         raise ValueError(
             f"expected the model to compute its logits with exactly one call of {expected}, "
-            f"got {len(calls)} calls; name the projection with head="
+            f"got {len(calls)} calls{hint}"
         )
     index, dtype = calls[0]
     module, projection = heads[index]
@@ -247,4 +247,5 @@ def hidden_states_and_kernel(model: nnx.Module, *args, head: str | nnx.Module | 
         call = functools.partial(method, model)
     else:
         call = model
-    return hidden_states_through(lambda: call(*args, **kwargs), heads, names, expected)
+    return hidden_states_through(lambda: call(*args, **kwargs), heads, names, expected,
+                                 hint="; name the projection with head=")

@@ -127,3 +127,14 @@ def test_the_model_is_left_as_it_was():
 def test_bad_number_tokens_are_named():
     with pytest.raises(TypeError, match=r"expected NumberTokens.*got list"):
         ntl_tunix.number_token_loss_fn(["0", "1"])
+
+
+def test_a_model_without_tunix_heads_is_named():
+    class Plain(nnx.Module):
+        def __init__(self):
+            self.lm_head = nnx.Linear(4, 5, rngs=nnx.Rngs(0))
+
+    with pytest.raises(TypeError, match=r"expected the model's lm_head to be Tunix's Einsum .*got Linear"):
+        ntl_tunix.hidden_states_and_kernel(Plain())
+    with pytest.raises(TypeError, match=r"expected a Tunix decoder with an lm_head .*got Module"):
+        ntl_tunix.hidden_states_and_kernel(nnx.Module())
