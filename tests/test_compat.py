@@ -104,7 +104,7 @@ def test_the_pytree_declaration_of_an_nnx_head_is_read_and_kept_by_its_skipped_c
             f"but JAX {'does not flatten' if declared else 'flattens'} its instances"
         )
         try:
-            skipped = _nnx._skipped_class(cls, index)
+            skipped = _nnx._skipped_class(cls, index, _nnx.flax_projection(head))
         except TypeError as error:
             _broken(f"ntl_jax.flax._nnx's subclass of {cls.__name__} (pytree={declared})", error)
         object.__setattr__(head, "__class__", skipped)
