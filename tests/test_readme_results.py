@@ -112,6 +112,7 @@ def test_readme_summary_rows_are_rows_of_the_evidence_tables():
                              for name in sections[anchor])
         matches = [_cells(ln) for ln in rendered.splitlines()
                    if ln.startswith("|") and _cells(ln)[:2] == cells[:2]]
-        assert len(matches) == 1, row
+        # A section may hold several settings with the same comparison (section 6):
+        # the row must be one of them, cell for cell.
         # loss − baseline, metric, mean, interval, better/worse/tied ... verdict
-        assert matches[0][:5] + matches[0][-1:] == cells, (row, matches[0])
+        assert any(m[:5] + m[-1:] == cells for m in matches), (row, matches)
