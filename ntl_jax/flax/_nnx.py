@@ -119,6 +119,11 @@ def _skipped_class(cls: type, index: int, projection: Projection) -> type:
     return _SKIPPED_CLASSES[key]
 
 
+def module_names(model: nnx.Module) -> dict[int, str]:
+    """Each module of `model` by `id`, named by its attribute path, for error messages."""
+    return {id(node): ".".join(map(str, path)) or "<the model>" for path, node in nnx.iter_graph(model)}
+
+
 def describe(module: Any, projection: Projection, names: dict[int, str]) -> str:
     """`path (Class.method)`: where a head sits in the model and what computes its logits."""
     name = names.get(id(module), "<not in the model>")
@@ -237,7 +242,7 @@ def hidden_states_and_kernel(model: nnx.Module, *args, head: str | nnx.Module | 
         raise TypeError(f"expected an nnx.Module, got {type(model).__name__} "
                         "(Linen networks: linen_hidden_states_and_kernel)")
     heads = _heads(model, head)
-    names = {id(node): ".".join(map(str, path)) or "<the model>" for path, node in nnx.iter_graph(model)}
+    names = module_names(model)
     expected = " or ".join(describe(m, p, names) for m, p in heads) or (
         f"an nnx.Linear attribute '{HEAD_ATTRIBUTE}' or an nnx.Embed's attend (the model has neither)"
     )

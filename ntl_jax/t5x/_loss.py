@@ -440,26 +440,26 @@ class NTLLossMixin:
         `fused_vocab_axis` when the mesh in context shards it (`context_vocab_axis`).
         With `fused_loss="auto"`, so where each device holds at least `d_model` target
         tokens (`fused_head_pays`); elsewhere the logits are `hidden @ kernel`."""
+        fused = False
         if self._fused_loss is False:
             logits = self._compute_logits(params, batch, dropout_rng)
-            out = model_loss(logits, batch, self._number_tokens, self._options, self._loss_normalizing_factor)
-            targets = batch["decoder_target_tokens"]
         else:
             with _linen.projection_skipped() as heads:
                 hidden = self._compute_logits(params, batch, dropout_rng)
             hidden, kernel = _linen.cast_like_projection(hidden, *_linen.projection_kernel(params, heads))
             fused = self._fused_loss is True or fused_head_pays(
                 batch["decoder_target_tokens"].shape, kernel.shape[0], self._fused_vocab_axis)
-            if fused:
-                out = model_loss_from_hidden(
-                    hidden, kernel, batch, self._number_tokens, self._options, self._loss_normalizing_factor,
-                    chunk_size=self._fused_chunk_size, vocab_axis=context_vocab_axis(self._fused_vocab_axis),
-                )
-                logits, targets = out.accuracy_inputs
-            else:
+            if not fused:
                 logits = jnp.einsum("...d,dv->...v", hidden, kernel)
-                out = model_loss(logits, batch, self._number_tokens, self._options, self._loss_normalizing_factor)
-                targets = batch["decoder_target_tokens"]
+        if fused:
+            out = model_loss_from_hidden(
+                hidden, kernel, batch, self._number_tokens, self._options, self._loss_normalizing_factor,
+                chunk_size=self._fused_chunk_size, vocab_axis=context_vocab_axis(self._fused_vocab_axis),
+            )
+            logits, targets = out.accuracy_inputs
+        else:
+            out = model_loss(logits, batch, self._number_tokens, self._options, self._loss_normalizing_factor)
+            targets = batch["decoder_target_tokens"]
         metrics = self._compute_metrics(
             logits=logits,
             targets=targets,

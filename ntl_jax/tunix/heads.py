@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ntl_jax.flax._nnx import Projection, describe, hidden_states_through
+from ntl_jax.flax._nnx import Projection, describe, hidden_states_through, module_names
 
 EINSUM_LOGITS = "BTD,DV->BTV"
 
@@ -97,8 +97,7 @@ def hidden_states_and_kernel(model: nnx.Module, *args, **kwargs):
     """
     _check_linear_after_projection(model)
     heads = _projections(model)
-    names = {id(node): ".".join(map(str, path)) or "<the model>" for path, node in nnx.iter_graph(model)}
+    names = module_names(model)
     _check_no_lora_on_head(heads, names)
     expected = " or ".join(describe(m, p, names) for m, p in heads)
-    hidden, kernel = hidden_states_through(lambda: model(*args, **kwargs)[0], heads, names, expected)
-    return hidden, kernel
+    return hidden_states_through(lambda: model(*args, **kwargs)[0], heads, names, expected)
