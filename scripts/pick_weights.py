@@ -1,10 +1,11 @@
-"""Picks each loss's weight from a validation sweep (`ntl-jax compare --eval-split validation`
-with several `--ntl-weight` / `--del-weight` / `--dist2-weight` values).
+"""Picks each loss's weight (and GCE's σ) from a validation sweep (`ntl-jax compare
+--eval-split validation` with several `--ntl-weight` / `--del-weight` / `--dist2-weight` /
+`--gce-sigma` values).
 
     python scripts/pick_weights.py docs/results/sweep_multiplication.json
 
-For every loss swept, the weight with the highest mean of the metric over seeds (ties: the
-smaller weight), printed as the flag that sets it: `--del-weight 0.01`.
+For every loss swept, the setting with the highest mean of the metric over seeds (ties: the
+smaller value), printed as the flags that set it: `--del-weight 0.01 --gce-sigma 1`.
 """
 
 from __future__ import annotations
@@ -17,22 +18,34 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from ntl_jax.train.systems import weight_flag  # noqa: E402
+from ntl_jax.train.step import uses_gce  # noqa: E402
+from ntl_jax.train.systems import trains_ntl, weight_flag  # noqa: E402
 
 
-def pick(result: dict, metric: str) -> dict[str, float]:
-    """`{loss: weight}` of the best mean `metric` per loss (higher is better)."""
-    scores: dict[str, dict[float, list[float]]] = {}
+def setting(run: dict) -> tuple[tuple[str, float], ...]:
+    """The swept values of a run, as (flag dest, value) pairs."""
+    loss = run["loss_function"]
+    pairs = []
+    if trains_ntl(loss):
+        pairs.append((weight_flag(loss), run["ntl_weight"]))
+    if uses_gce(loss) and run.get("gce_sigma") is not None:
+        pairs.append(("gce_sigma", run["gce_sigma"]))
+    return tuple(pairs)
+
+
+def pick(result: dict, metric: str) -> dict[str, tuple[tuple[str, float], ...]]:
+    """`{loss: setting}` of the best mean `metric` per loss (higher is better)."""
+    scores: dict[str, dict[tuple, list[float]]] = {}
     for run in result["runs"]:
-        if run["loss_function"] == "ce" or run["metrics"].get(metric) is None:
+        if not setting(run) or run["metrics"].get(metric) is None:
             continue
         value = float(run["metrics"][metric])
         if math.isfinite(value):
-            scores.setdefault(run["loss_function"], {}).setdefault(run["ntl_weight"], []).append(value)
+            scores.setdefault(run["loss_function"], {}).setdefault(setting(run), []).append(value)
     if not scores:
         raise ValueError(f"expected swept runs with the metric {metric!r}, found none")
-    return {loss: max(sorted(by_weight), key=lambda w: sum(by_weight[w]) / len(by_weight[w]))
-            for loss, by_weight in scores.items()}
+    return {loss: max(sorted(by_setting), key=lambda s: sum(by_setting[s]) / len(by_setting[s]))
+            for loss, by_setting in scores.items()}
 
 
 def main(argv=None) -> int:
@@ -43,7 +56,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with open(args.result, encoding="utf-8") as f:
         picked = pick(json.load(f), args.metric)
-    print(" ".join(f"--{weight_flag(loss).replace('_', '-')} {weight:g}" for loss, weight in picked.items()))
+    print(" ".join(f"--{dest.replace('_', '-')} {value:g}"
+                   for pairs in picked.values() for dest, value in pairs))
     return 0
 
 

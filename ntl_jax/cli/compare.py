@@ -9,7 +9,7 @@ set of paired differences. Two protocols:
 * `finetune` (the paper's): per seed, one CE pretraining run; then every loss
   fine-tunes from those same parameters at the fine-tuning learning rate(s).
 
-`--ntl-weight` (`--del-weight`, `--dist2-weight` for DEL and DIST²) and
+`--ntl-weight` (`--del-weight`, `--dist2-weight` for DEL and DIST²), `--gce-sigma` and
 `--finetune-learning-rate` take several values to sweep them, and `--eval-split
 validation` scores the runs on held-out training-like problems to choose among them
 without the tests; each NTL variant is paired with the CE run of the same seed and learning rate. Runs live in
@@ -115,10 +115,11 @@ class RunSpec:
     steps: int
     baseline: str | None  # label of the CE run this one is paired with; None: unpaired
     init_from: str = ""  # run directory whose final parameters start this run
+    gce_sigma: float | None = None  # the gce losses' σ; None: the default
 
 
 def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.=_-]+", "_", label.replace("λ", "lambda").replace(" ", "_"))
+    return re.sub(r"[^A-Za-z0-9.=_-]+", "_", label.replace("λ", "lambda").replace("σ", "sigma").replace(" ", "_"))
 
 
 def run_dir(out: str, spec: RunSpec) -> str:
@@ -127,6 +128,7 @@ def run_dir(out: str, spec: RunSpec) -> str:
 
 def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpec]]:
     """(pretraining runs, compared runs) of the comparison, in the order they train."""
+    from ntl_jax.train.step import uses_gce
     from ntl_jax.train.systems import starts_from_ce, trains_ntl, weight_flag
 
     losses = ["ce"] + [loss for loss in dict.fromkeys(args.losses) if loss != "ce"]
@@ -138,15 +140,20 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
     def weights(loss):  # a system without NTL has no weight: one run per seed
         return list(dict.fromkeys(getattr(args, weight_flag(loss)))) if trains_ntl(loss) else [0.0]
 
+    def sigmas(loss):  # a loss without the Gaussian label has no σ: one run per seed
+        return list(dict.fromkeys(args.gce_sigma or [None])) if uses_gce(loss) else [None]
+
     if args.protocol == "finetune":
         rates = list(dict.fromkeys(args.finetune_learning_rate or [args.learning_rate / 3]))
     else:
         rates = [args.learning_rate]
 
-    def label(loss, weight, rate):
+    def label(loss, weight, sigma, rate):
         text = loss
         if len(weights(loss)) > 1:
             text += f" λ={weight:g}"
+        if len(sigmas(loss)) > 1:
+            text += f" σ={sigma:g}"
         if len(rates) > 1:
             text += f" lr={rate:g}"
         return text
@@ -160,18 +167,21 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
             pretrain.append(pre)
             init_from = run_dir(out, pre)
         for rate in rates:
-            base = label("ce", 0.0, rate)
+            base = label("ce", 0.0, None, rate)
             for loss in losses:
                 for weight in weights(loss):
-                    runs.append(RunSpec(label(loss, weight, rate), loss, seed, weight, rate,
-                                        args.steps, None if loss == "ce" else base, init_from))
+                    for sigma in sigmas(loss):
+                        runs.append(RunSpec(label(loss, weight, sigma, rate), loss, seed, weight,
+                                            rate, args.steps, None if loss == "ce" else base,
+                                            init_from, sigma))
     return pretrain, runs
 
 
 def _config(args: argparse.Namespace, spec: RunSpec):
+    sigma = {} if spec.gce_sigma is None else {"gce_sigma": spec.gce_sigma}
     return cli_train.make_config(
         args, spec.loss, spec.seed, ntl_weight=spec.ntl_weight,
-        learning_rate=spec.learning_rate, steps=spec.steps, init_from=spec.init_from)
+        learning_rate=spec.learning_rate, steps=spec.steps, init_from=spec.init_from, **sigma)
 
 
 # Per process: the generated data of each seed, shared by all runs of that seed.
@@ -278,7 +288,7 @@ def _machine() -> str:
 
 def _run_record(spec: RunSpec, result: dict, out: str) -> dict:
     return {"loss": spec.label, "loss_function": spec.loss, "seed": spec.seed,
-            "baseline": spec.baseline, "ntl_weight": spec.ntl_weight,
+            "baseline": spec.baseline, "ntl_weight": spec.ntl_weight, "gce_sigma": spec.gce_sigma,
             "learning_rate": spec.learning_rate, "steps": spec.steps,
             "init_from": os.path.relpath(spec.init_from, out) if spec.init_from else None,
             "run_dir": os.path.relpath(run_dir(out, spec), out),

@@ -42,7 +42,7 @@ def architecture(args: argparse.Namespace) -> str:
 def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                       sweep: bool = False) -> None:
     """Flags shared by `train` and `compare` (model, data, optimisation, logging);
-    with `sweep`, `--ntl-weight` takes several values."""
+    with `sweep`, the weights and `--gce-sigma` take several values."""
     g = parser.add_argument_group("model and data")
     g.add_argument("--preset", choices=PRESETS, default=defaults["preset"],
                    help="network size (default: %(default)s)")
@@ -88,9 +88,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                    help="dropout in the network (T5's fine-tuning uses 0.1; useful on small data "
                         "such as --module diabetes) (default: %(default)s)")
     g.add_argument("--gce-sigma", type=positive_float, default=None, metavar="SIGMA",
+                   nargs="+" if sweep else None,
                    help="width of the Gaussian label of the gce losses (gce, gce+ntl-*): at a number "
-                        "target y, q_j ~ exp(-(v_j - y)^2 / (2 SIGMA^2)) over the number tokens "
-                        "(default: 1.0, the authors')")
+                        "target y, q_j ~ exp(-(v_j - y)^2 / (2 SIGMA^2)) over the number tokens"
+                        + (", several to sweep it" if sweep else "") + " (default: 1.0, the authors')")
     g.add_argument("--fused-loss", action=argparse.BooleanOptionalAction, default=True,
                    help="compute the loss from the decoder's hidden states without forming the "
                         "[batch, length, vocab] logits (ntl_jax.fused_cross_entropy_and_ntl; the "
@@ -148,7 +149,7 @@ def make_config(args: argparse.Namespace, loss: str, seed: int, **overrides):
                   eval_every=args.eval_every)
     if getattr(args, "init_from", ""):
         fields["init_from"] = os.path.abspath(args.init_from)
-    if getattr(args, "gce_sigma", None) is not None:
+    if isinstance(getattr(args, "gce_sigma", None), float):  # compare's list: per run, in overrides
         fields["gce_sigma"] = args.gce_sigma
     return TrainConfig(**(fields | overrides))
 

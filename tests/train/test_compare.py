@@ -192,6 +192,29 @@ def test_del_and_dist2_take_their_own_weights_and_are_swept_by_them(tmp_path):
         _args(["--losses", "ntl-del"])  # the successors go by their own names
 
 
+def test_gce_sigma_is_swept_for_the_gce_losses_only(tmp_path):
+    args = _args(["--losses", "ntl-was", "gce", "gce+ntl-was", "--ntl-weight", "0.1", "1",
+                  "--gce-sigma", "0.5", "2", "--seeds", "1", "--out", str(tmp_path)])
+    runs = cli_compare.plan(args, str(tmp_path))[1]
+    assert [(r.label, r.ntl_weight, r.gce_sigma) for r in runs] == [
+        ("ce", 0.0, None), ("ntl-was λ=0.1", 0.1, None), ("ntl-was λ=1", 1.0, None),
+        ("gce σ=0.5", 0.0, 0.5), ("gce σ=2", 0.0, 2.0),
+        ("gce+ntl-was λ=0.1 σ=0.5", 0.1, 0.5), ("gce+ntl-was λ=0.1 σ=2", 0.1, 2.0),
+        ("gce+ntl-was λ=1 σ=0.5", 1.0, 0.5), ("gce+ntl-was λ=1 σ=2", 1.0, 2.0)]
+    assert [cli_compare._config(args, r).gce_sigma for r in runs[3:6]] == [0.5, 2.0, 0.5]
+    assert {cli_compare.run_dir(str(tmp_path), r) for r in runs[3:5]} == {
+        str(tmp_path / "gce_sigma=0.5" / "seed_0"), str(tmp_path / "gce_sigma=2" / "seed_0")}
+    # One σ (or none): one gce run per seed, named as before, at that σ (or the default).
+    for argv, sigma in ((["--gce-sigma", "2"], 2.0), ([], 1.0)):
+        args = _args(["--losses", "gce", "--seeds", "1", "--out", str(tmp_path)] + argv)
+        runs = cli_compare.plan(args, str(tmp_path))[1]
+        assert [r.label for r in runs] == ["ce", "gce"]
+        assert cli_compare._config(args, runs[1]).gce_sigma == sigma
+    train = cli.build_parser(["train"]).parse_args(["train", "--loss", "gce", "--gce-sigma", "3",
+                                                    "--out", "x"])
+    assert cli_train.make_config(train, "gce", 0).gce_sigma == 3.0
+
+
 def test_also_against_takes_a_compared_loss_other_than_ce(tmp_path, capsys):
     for wrong in ("ce", "del"):
         assert cli.main(["compare", "--losses", "ce", "ntl-was", "--also-against", wrong,
