@@ -375,6 +375,17 @@ def seed_lines(result: dict, metric: str, labels: list[str]) -> dict[int, tuple[
             for seed, offset in zip(seeds, offsets)}
 
 
+# Panels per row of the figure: three keep it narrow enough that a documentation page
+# shows its labels at about their printed size.
+FIGURE_COLUMNS = 3
+
+
+def figure_grid(panels: int) -> tuple[int, int]:
+    """(columns, rows) of a figure with `panels` panels."""
+    columns = min(panels, FIGURE_COLUMNS)
+    return columns, -(-panels // columns)
+
+
 def plot(result: dict, out: str, path: str) -> str | None:
     """Learning curves, and every seed's final metrics (dots, a seed's runs joined by a
     line across the losses: the comparison is paired) with their mean (bar)."""
@@ -389,7 +400,11 @@ def plot(result: dict, out: str, path: str) -> str | None:
 
     labels = list(dict.fromkeys(r["loss"] for r in result["runs"]))
     shown = result["table_metrics"]
-    fig, axes = plt.subplots(1, 1 + len(shown), figsize=(4.2 * (1 + len(shown)), 4.2))
+    columns, rows = figure_grid(1 + len(shown))
+    fig, grid = plt.subplots(rows, columns, figsize=(4.6 * columns, 4.2 * rows + 0.4), squeeze=False)
+    axes = grid.ravel()
+    for ax in axes[1 + len(shown):]:
+        ax.set_visible(False)
     for i, label in enumerate(labels):
         color = f"C{i}"
         curves = []
@@ -414,7 +429,7 @@ def plot(result: dict, out: str, path: str) -> str | None:
                 title="learning curves (mean, min-max)")
     axes[0].legend(fontsize=8)
     for ax, metric in zip(axes[1:], shown):
-        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=9)
         ax.set_title(metric.replace("test_", "") + "\n(a line per seed)", fontsize=10)
     fig.suptitle(result["title"], fontsize=10)
     fig.tight_layout()

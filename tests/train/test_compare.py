@@ -215,6 +215,12 @@ def test_gce_sigma_is_swept_for_the_gce_losses_only(tmp_path):
     assert cli_train.make_config(train, "gce", 0).gce_sigma == 3.0
 
 
+@pytest.mark.parametrize("panels, grid", [(1, (1, 1)), (3, (3, 1)), (4, (3, 2)), (5, (3, 2)),
+                                          (7, (3, 3))])
+def test_the_figure_wraps_its_panels_in_rows_of_three(panels, grid):
+    assert cli_compare.figure_grid(panels) == grid
+
+
 def test_also_against_takes_a_compared_loss_other_than_ce(tmp_path, capsys):
     for wrong in ("ce", "del"):
         assert cli.main(["compare", "--losses", "ce", "ntl-was", "--also-against", wrong,
