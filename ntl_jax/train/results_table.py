@@ -28,15 +28,21 @@ DEFAULT_BASELINE = "ce"
 MARKER = re.compile(r"<!-- results:([A-Za-z0-9_.-]+) -->")
 
 
+# Below this a table's number is float64 rounding of metrics well under 1e6, not a value.
+ROUNDING_TRACE = 1e-9
+
+
 class ResultsError(ValueError):
     """A results marker without its closing marker or without its result file."""
 
 
 def fmt(x) -> str:
-    """3 decimals (0.676, -0.012); 3 significant digits outside [0.001, 1000)."""
+    """3 decimals (0.676, -0.012); 3 significant digits outside [0.001, 1000); 0.000 for
+    a zero that float rounding left as a trace (a mean of differences such as 0.002 and
+    -0.002, which binary fractions do not cancel exactly)."""
     if x is None or not math.isfinite(x):
         return "n/a"
-    if x == 0:
+    if abs(x) < ROUNDING_TRACE:
         return "0.000"
     if 1e-3 <= abs(x) < 1e3:
         return f"{x:.3f}"

@@ -104,6 +104,15 @@ def test_render_table_metrics_and_formatting():
     assert "Share of seeds" not in text
 
 
+def test_a_mean_difference_that_cancels_to_a_rounding_trace_reads_as_zero():
+    # Accuracies on 500 problems: +0.002, -0.002 and 0 differences, whose float mean is not 0.
+    d = np.array([0.018 - 0.016, 0.014 - 0.016, 0.016 - 0.016])
+    assert d.mean() != 0 and abs(d.mean()) < 1e-17
+    assert results_table.fmt(d.mean()) == "0.000"
+    assert [results_table.fmt(x) for x in (2e-9, -0.0004, 0.0312, 12345.6)] == [
+        "2e-09", "-0.0004", "0.031", "1.23e+04"]
+
+
 def test_wall_time_counts_the_invocations_that_trained_the_reused_runs():
     result = tiny_result() | {"seconds": 4.0, "earlier_seconds": [600.0, 356.0],
                               "reused_runs": 3, "total_runs": 4, "run_seconds": 1662.0}
