@@ -24,9 +24,7 @@ def test_ntl_from_the_logits_costs_at_most_2_percent_more_than_ce_per_chip():
     # T5 1.1 base, large and XL on a 4-host v5e and a 4-host v4 pod
     assert set(RESULTS) == {f"{size} {pod}" for size in ("base", "large", "xl") for pod in ("v5e:4x4", "v4:2x2x4")}
     for key, rows in RESULTS.items():
-        # The default's rows were compiled for base, where the fused head costs the most.
-        default = {"gin default"} if key.startswith("base ") else set()
-        assert set(rows) == set(pod_fit.ROWS) - {"gin default"} | default, key
+        assert set(rows) == set(pod_fit.ROWS), key
         ce, ntl = rows[pod_fit.BASELINE], rows["NTL"]
         assert ce["ntl"] == {"ntl_weight": 0.0, "ntl_kind": "was", "fused": False} and rows["T5X CE"]["ntl"] == {}
         assert ntl["ntl"] == {"ntl_weight": 0.3, "ntl_kind": "was", "fused": False}
@@ -36,11 +34,12 @@ def test_ntl_from_the_logits_costs_at_most_2_percent_more_than_ce_per_chip():
 
 
 def test_the_gin_default_costs_at_most_2_percent_more_than_ce_per_chip():
-    defaults = {key: rows["gin default"] for key, rows in RESULTS.items() if "gin default" in rows}
-    assert set(defaults) == {"base v5e:4x4", "base v4:2x2x4"}
-    for key, row in defaults.items():
-        ce, fused = RESULTS[key][pod_fit.BASELINE], RESULTS[key]["NTL fused"]
+    for key, rows in RESULTS.items():
+        row, ce, fused = rows["gin default"], rows[pod_fit.BASELINE], rows["NTL fused"]
         assert row["ntl"] == {"ntl_weight": 0.3, "ntl_kind": "was", "fused": "auto"}
         assert row["total_bytes"] <= 1.02 * ce["total_bytes"], key
         assert row["bytes_accessed"] <= 1.02 * ce["bytes_accessed"], key
-        assert fused["total_bytes"] > 1.2 * ce["total_bytes"], key  # what the default no longer costs
+        # Forcing the fused head saves at most 0.05 % where it saves anything (xl on v4).
+        assert row["total_bytes"] <= 1.001 * fused["total_bytes"], key
+        if key.startswith("base "):  # what the default no longer costs where fusing costs the most
+            assert fused["total_bytes"] > 1.2 * ce["total_bytes"], key
