@@ -4,8 +4,9 @@
 
     python scripts/pick_weights.py docs/results/sweep_multiplication.json
 
-For every loss swept, the setting with the highest mean of the metric over seeds (ties: the
-smaller value), printed as the flags that set it: `--del-weight 0.01 --gce-sigma 1`.
+For every loss swept, the setting with the best mean of the metric over seeds (highest for
+accuracy, lowest for an error such as log-MAE; ties: the smaller value), printed as the
+flags that set it: `--del-weight 0.01 --gce-sigma 1`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from ntl_jax.train.paired_stats import higher_is_better  # noqa: E402
 from ntl_jax.train.step import uses_gce  # noqa: E402
 from ntl_jax.train.systems import trains_ntl, weight_flag  # noqa: E402
 
@@ -34,7 +36,12 @@ def setting(run: dict) -> tuple[tuple[str, float], ...]:
 
 
 def pick(result: dict, metric: str) -> dict[str, tuple[tuple[str, float], ...]]:
-    """`{loss: setting}` of the best mean `metric` per loss (higher is better)."""
+    """`{loss: setting}` of the best mean `metric` per loss."""
+    higher = higher_is_better(metric)
+    if higher is None:
+        raise ValueError(f"expected a metric whose better direction is known (an accuracy or "
+                         f"an error), got {metric!r}")
+    sign = 1.0 if higher else -1.0
     scores: dict[str, dict[tuple, list[float]]] = {}
     for run in result["runs"]:
         if not setting(run) or run["metrics"].get(metric) is None:
@@ -44,7 +51,7 @@ def pick(result: dict, metric: str) -> dict[str, tuple[tuple[str, float], ...]]:
             scores.setdefault(run["loss_function"], {}).setdefault(setting(run), []).append(value)
     if not scores:
         raise ValueError(f"expected swept runs with the metric {metric!r}, found none")
-    return {loss: max(sorted(by_setting), key=lambda s: sum(by_setting[s]) / len(by_setting[s]))
+    return {loss: max(sorted(by_setting), key=lambda s: sign * sum(by_setting[s]) / len(by_setting[s]))
             for loss, by_setting in scores.items()}
 
 
@@ -52,7 +59,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("result", help="compare.json of the sweep")
     parser.add_argument("--metric", default="validation/number_accuracy",
-                        help="higher is better (default: %(default)s)")
+                        help="an accuracy (higher is better) or an error (lower is better) "
+                             "(default: %(default)s)")
     args = parser.parse_args(argv)
     with open(args.result, encoding="utf-8") as f:
         picked = pick(json.load(f), args.metric)

@@ -41,3 +41,11 @@ def test_the_best_mean_over_seeds_wins_and_ties_go_to_the_smaller_weight(tmp_pat
                                        "--gce-sigma 0.5 --ntl-weight 0.1 --gce-sigma 2\n")
     with pytest.raises(ValueError, match="expected swept runs with the metric 'validation/mape', found none"):
         pick_weights.pick({"runs": runs}, "validation/mape")
+
+
+def test_an_error_metric_picks_the_lowest_mean_and_an_unknown_one_is_refused():
+    runs = [dict(_run("ntl-was", w, s, None), metrics={"validation/log_mae": e, "validation/x": 1.0})
+            for w, e in ((0.1, 0.30), (0.3, 0.10), (1.0, 0.20)) for s in range(2)]
+    assert pick_weights.pick({"runs": runs}, "validation/log_mae") == {"ntl-was": (("ntl_weight", 0.3),)}
+    with pytest.raises(ValueError, match="better direction is known .* got 'validation/x'"):
+        pick_weights.pick({"runs": runs}, "validation/x")
