@@ -44,11 +44,12 @@ def pick(result: dict, metric: str) -> dict[str, tuple[tuple[str, float], ...]]:
     sign = 1.0 if higher else -1.0
     scores: dict[str, dict[tuple, list[float]]] = {}
     for run in result["runs"]:
-        if not setting(run) or run["metrics"].get(metric) is None:
+        swept = setting(run)
+        if not swept or run["metrics"].get(metric) is None:
             continue
         value = float(run["metrics"][metric])
         if math.isfinite(value):
-            scores.setdefault(run["loss_function"], {}).setdefault(setting(run), []).append(value)
+            scores.setdefault(run["loss_function"], {}).setdefault(swept, []).append(value)
     if not scores:
         raise ValueError(f"expected swept runs with the metric {metric!r}, found none")
     return {loss: max(sorted(by_setting), key=lambda s: sign * sum(by_setting[s]) / len(by_setting[s]))

@@ -278,7 +278,7 @@ def fused_head_pays(target_shape, d_model: int, model_axis: Optional[str]) -> bo
     if mesh is not None:
         shape = dict(mesh.shape)
         shards = mesh.size // shape.get(model_axis, 1) if model_axis is not None else mesh.size
-    return math.prod(target_shape) / max(shards, 1) >= d_model
+    return math.prod(target_shape) / shards >= d_model
 
 
 def check_fused_loss(fused_loss) -> None:
