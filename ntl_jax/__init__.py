@@ -6,7 +6,14 @@ Language Models", ICML 2025 (arXiv:2411.02083).
 
 from ntl_jax._core.checks import check_targets
 from ntl_jax._core.cross_entropy import weighted_cross_entropy
-from ntl_jax._core.losses import ntl_dot, ntl_was, number_level_loss, number_token_loss, predict_numbers
+from ntl_jax._core.losses import (
+    ntl_dot,
+    ntl_from_number_logits,
+    ntl_was,
+    number_level_loss,
+    number_token_loss,
+    predict_numbers,
+)
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import (
     cross_entropy_and_ntl,
@@ -22,6 +29,7 @@ __all__ = [
     "fused_cross_entropy_and_ntl",
     "loss_normalizing_factor_and_weights",
     "ntl_dot",
+    "ntl_from_number_logits",
     "ntl_was",
     "number_level_loss",
     "number_token_loss",

@@ -115,6 +115,24 @@ def check_logits_and_targets(logits, targets, number_tokens: NumberTokens, weigh
     return check_weights(weights, targets_shape)
 
 
+def check_number_logits_and_targets(number_logits, targets, number_tokens: NumberTokens, weights=None):
+    """`check_logits_and_targets` for the number tokens' logits `[batch, length, N]`;
+    returns `weights` as f32 or None."""
+    check_array("number_logits", number_logits, "[batch, length, N]")
+    shape = jnp.shape(number_logits)
+    if len(shape) != 3 or shape[-1] != number_tokens.num_numbers:
+        raise ValueError(f"expected number_logits of shape [batch, length, {number_tokens.num_numbers}] (a column per "
+                         f"number token), got {shape}")
+    if not jnp.issubdtype(jnp.result_type(number_logits), jnp.floating):
+        raise TypeError(f"expected floating-point number_logits, got {jnp.result_type(number_logits)}")
+    check_array("targets", targets, "[batch, length]")
+    _check_integer_dtype(targets)
+    if jnp.shape(targets) != shape[:2]:
+        raise ValueError(f"expected targets of shape {shape[:2]} (number_logits' first two axes), "
+                         f"got {jnp.shape(targets)}")
+    return check_weights(weights, shape[:2])
+
+
 def check_weights(weights, targets_shape):
     """Checks `weights` against the targets' shape; returns them as f32 (or None)."""
     if weights is None:

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from ntl_jax._core import checks, digit_runs, head_stats, variants
+from ntl_jax._core import checks, digit_runs, head_stats, number_stats, variants
 from ntl_jax._core.number_stats import NumberReads, expected_value
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.targets import number_target
@@ -314,6 +314,60 @@ def number_token_loss(
     """
     return _ntl(logits, targets, number_tokens, kind=ntl_kind, weights=weights, reweigh=reweigh,
                 squash_factor=squash_factor, reduction=reduction, formulation=formulation)
+
+
+def ntl_from_number_logits(
+    number_logits: ArrayLike,
+    targets: ArrayLike,
+    number_tokens: NumberTokens,
+    *,
+    ntl_kind: str | Callable = "was",
+    weights: ArrayLike | None = None,
+    squash_factor: float | None = None,
+    max_number_length: int | None = None,
+    reduction: Reduction = "none",
+) -> jax.Array:
+    """`number_token_loss` from the number tokens' logits alone, `[batch, length, N]`.
+
+    NTL reads only the softmax over the number tokens, so a head that can compute their
+    `N` columns (`hidden @ kernel[:, number_tokens.ids]`) never needs the
+    `[batch, length, vocab]` logits for it: this is how a framework that computes its own
+    cross-entropy, perhaps in vocabulary tiles, adds NTL beside it (`ntl_jax.maxtext`).
+    The same numbers as `number_token_loss(logits, ...)` when
+    `number_logits == logits[..., number_tokens.ids]`, to float32 rounding. Without the
+    full log-normaliser there is no `reweigh`.
+
+    Args:
+      number_logits: `[batch, length, N]` floating, column `j` the logit of the token
+        `number_tokens.ids[j]`.
+      targets: `[batch, length]` integer token ids of the whole vocabulary. Ids outside
+        `[0, number_tokens.vocab_size)` are no numbers.
+      number_tokens, ntl_kind, weights, squash_factor, reduction: as in
+        `number_token_loss`; `max_number_length` as in `cross_entropy_and_ntl`.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> nt = NumberTokens.from_pieces(["<pad>", "0", "1", "2"])
+      >>> logits = jnp.log(jnp.array([[[1e-9, 0.5, 0.5, 0.0]]]) + 1e-30)
+      >>> float(ntl_from_number_logits(logits[..., 1:], jnp.array([[3]]), nt, reduction="sum"))  # .5*2 + .5*1
+      1.5
+    """
+    checks.check_reduction(reduction)
+    checks.check_squash_factor(squash_factor)
+    checks.check_kind(ntl_kind, squash_factor)
+    checks.check_number_tokens(number_tokens)
+    if max_number_length is not None:
+        max_number_length = checks.check_max_number_length(max_number_length)
+    weights = checks.check_number_logits_and_targets(number_logits, targets, number_tokens, weights)
+    if squash_factor is not None:
+        number_tokens.check_squashable()
+    variant = variants.variant_of(ntl_kind, squash_factor=squash_factor, max_number_length=max_number_length)
+    target = number_target(targets, weights, number_tokens.vocab_size, number_tokens)
+    # Ignored positions read zeros: whatever their logits hold reaches no value or gradient.
+    columns = jnp.where(target.keep[..., None], jnp.asarray(number_logits).astype(jnp.float32), 0.0)
+    stats = number_stats.from_columns(columns, target, number_tokens, variant.reads)
+    loss, counted = variant.loss(stats, target, number_tokens)
+    return reduce_loss(loss, counted, weights, reduction)
 
 
 def predict_numbers(logits: ArrayLike, number_tokens: NumberTokens) -> tuple[jax.Array, jax.Array]:

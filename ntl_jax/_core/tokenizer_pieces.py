@@ -20,12 +20,14 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 _EXPECTED = (
     "a tokenizer with `convert_ids_to_tokens` and `len()` (transformers), `id_to_token` and "
     "`get_vocab_size` (tokenizers.Tokenizer), `id_to_piece` and `get_piece_size` "
-    "(sentencepiece.SentencePieceProcessor), or a vocabulary with `vocab_size` and `id_to_piece`, "
+    "(sentencepiece.SentencePieceProcessor), `decode_single_token_bytes` and `n_vocab` "
+    "(tiktoken.Encoding), or a vocabulary with `vocab_size` and `id_to_piece`, "
     "`tokenizer.id_to_piece` or `decode`"
 )
 
@@ -36,9 +38,12 @@ def tokenizer_pieces(tokenizer: Any) -> list[str]:
     Which ids: a `transformers` tokenizer's `len(tokenizer)` (its added tokens included;
     `vocab_size` counts the base vocabulary only), a `tokenizers.Tokenizer`'s
     `get_vocab_size(with_added_tokens=True)`, a SentencePiece processor's
-    `get_piece_size()`; for the first two, one past the largest id in `get_vocab()` when
-    that is more (a vocabulary with holes). Anything `vocabulary_pieces` takes (the
-    `NumberTokens.from_vocabulary` objects) works too.
+    `get_piece_size()`, a `tiktoken.Encoding`'s `n_vocab` (each token's bytes written in
+    GPT-2's byte-to-unicode alphabet, as the same tokenizer's Hugging Face version writes
+    them, so `" 12"` is `Ġ12` there and here; holes as `""`); for the first two, one
+    past the largest id in `get_vocab()` when that is more (a vocabulary with holes).
+    Anything `vocabulary_pieces` takes (the `NumberTokens.from_vocabulary` objects) works
+    too.
 
     Raises:
       TypeError: if `tokenizer` offers none of these APIs.
@@ -58,6 +63,8 @@ def tokenizer_pieces(tokenizer: Any) -> list[str]:
         pieces = [tokenizer.id_to_token(i) for i in range(size)]
     elif callable(getattr(tokenizer, "id_to_piece", None)) and callable(getattr(tokenizer, "get_piece_size", None)):
         pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.get_piece_size())]
+    elif callable(getattr(tokenizer, "decode_single_token_bytes", None)) and hasattr(tokenizer, "n_vocab"):
+        pieces = [_tiktoken_piece(tokenizer, i) for i in range(tokenizer.n_vocab)]
     elif _is_vocabulary(tokenizer):
         pieces = vocabulary_pieces(tokenizer)
     else:
@@ -85,6 +92,25 @@ def vocabulary_pieces(vocabulary: Any) -> list[str]:
         known = processor.get_piece_size()
         return [processor.id_to_piece(i) if i < known else f"<extra_id_{i}>" for i in range(size)]
     return [vocabulary.decode([i]) for i in range(size)]
+
+
+def _tiktoken_piece(encoding: Any, i: int) -> str:
+    try:
+        token = encoding.decode_single_token_bytes(i)
+    except KeyError:  # a hole: no token has this id
+        return ""
+    alphabet = _byte_alphabet()
+    return "".join(alphabet[b] for b in token)
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_alphabet() -> tuple[str, ...]:
+    """GPT-2's byte-to-unicode map, the alphabet of byte-level BPE tokens: printable
+    bytes stand for themselves, the others for the characters from U+0100 on, in order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    others = iter(range(256, 512))
+    return tuple(chr(b) if b in printable else chr(next(others)) for b in range(256))
 
 
 def _is_vocabulary(vocabulary: Any) -> bool:

@@ -1,0 +1,225 @@
+"""CE + `ntl_weight` x NTL inside MaxText's own `loss_fn`, `train_step` and `eval_step`.
+
+MaxText's `loss_fn` (`maxtext.trainers.pre_train.train`) computes its cross-entropy from
+the logits, or, under vocabulary tiling (`num_vocab_tiling > 1`), from the final hidden
+states tile by tile without forming the logits. `number_loss_fn` calls it unchanged and
+adds NTL beside it, computed the same way in both cases: the final hidden states
+(before the output head's norm) go through MaxText's own output head again with the
+head's kernel cut to the `N` number-token columns, giving the number tokens' logits
+`[batch, length, N]`, from which `ntl_jax.ntl_from_number_logits` computes NTL. NTL reads
+nothing of the `[batch, length, vocab]` logits, so vocabulary tiling stays whole, the
+kinds that read a whole sequence (`number_level`, `del`) see it in order, and its cost is
+an `N`-column matmul.
+
+The hidden states are the input of the decoder's `apply_output_head` (caught while
+MaxText's `loss_fn` runs), or under vocabulary tiling the `hidden_states` the decoder
+sows. NTL is masked and normalised as MaxText's cross-entropy: positions with
+`targets_segmentation != 0`, divided by their count (not under MaxText's own gradient
+accumulation, which divides the summed gradient). MaxText's `xent_sum`, and so its
+`lm_loss`, perplexity and evaluation loss, stay cross-entropy only; its `learning/loss`
+is the objective trained on. `number_train_step` and `number_eval_step` add
+`learning/ntl` and `evaluation/ntl_sum` to MaxText's metrics from the loss's aux.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ntl_jax._core.losses import ntl_from_number_logits
+from ntl_jax.maxtext.settings import NumberLossSettings, check_config
+from ntl_jax.maxtext.tokens import number_tokens
+
+# Added to the aux of MaxText's loss_fn; summed over microbatches by its gradient accumulation.
+NTL_SUM = "ntl_sum"
+NUMBER_TARGETS = "number_targets"
+
+
+class LossAux(dict):
+    """MaxText's loss aux, a pytree whose every rebuild is published to the step wrappers
+    (`_published_aux`): MaxText's steps read their loss aux after `value_and_grad` or
+    its gradient-accumulation scan, where only the rebuilt dict holds values of the
+    step's own trace, and keep it to themselves."""
+
+
+_BOXES: list[list] = []
+
+
+def _publish(aux: LossAux) -> LossAux:
+    if _BOXES:
+        _BOXES[-1][:] = [aux]
+    return aux
+
+
+def _flatten_with_keys(aux):
+    keys = sorted(aux)
+    return [(jax.tree_util.DictKey(k), aux[k]) for k in keys], tuple(keys)
+
+
+def _flatten(aux):
+    keys = sorted(aux)
+    return [aux[k] for k in keys], tuple(keys)
+
+
+def _unflatten(keys, values):
+    return _publish(LossAux(zip(keys, values)))
+
+
+jax.tree_util.register_pytree_with_keys(LossAux, _flatten_with_keys, _unflatten, _flatten)
+
+
+@contextlib.contextmanager
+def _published_aux():
+    """Yields a list that holds, when the block ends, the last `LossAux` built in it."""
+    box: list = []
+    _BOXES.append(box)
+    try:
+        yield box
+    finally:
+        _BOXES.pop()
+
+
+def _last(box: list, where: str) -> LossAux:
+    if not box:
+        raise RuntimeError(f"expected MaxText's {where} to call the loss installed by ntl_jax.maxtext; it did not "
+                           "(a MaxText version this integration was not made for?)")
+    return box[0]
+
+
+@contextlib.contextmanager
+def _head_inputs(decoder):
+    """Catches the first `[batch, length, d_model]` input of `decoder.apply_output_head`
+    with its own norm (MTP's calls skip it): the final hidden states, and whether dropout
+    is off. Yields a list of `(hidden, deterministic)`."""
+    cls = type(decoder)
+    own = "apply_output_head" in cls.__dict__
+    stock = cls.apply_output_head
+    seen: list = []
+
+    @functools.wraps(stock)
+    def apply_output_head(self, shared_embedding, y, deterministic, model_mode, normalize_y=True):
+        if self is decoder and normalize_y and jnp.ndim(y) == 3 and not seen:
+            seen.append((y, deterministic))
+        return stock(self, shared_embedding, y, deterministic, model_mode, normalize_y=normalize_y)
+
+    cls.apply_output_head = apply_output_head
+    try:
+        yield seen
+    finally:
+        if own:
+            cls.apply_output_head = stock
+        else:
+            del cls.apply_output_head
+
+
+def _final_hidden(seen: list, aux, config, is_train: bool):
+    if config.num_vocab_tiling > 1:
+        # As MaxText's own tiled loss reads them.
+        [hidden] = aux["intermediate_outputs"]["decoder"]["hidden_states"]
+        return hidden, (not config.enable_dropout) if is_train else True
+    if not seen:
+        raise RuntimeError("expected MaxText's decoder to compute its logits through apply_output_head; it did not")
+    return seen[0]
+
+
+def number_logits(model, config, hidden, ids, deterministic) -> jax.Array:
+    """The logits of the tokens `ids` (`[N]`), `[batch, length, N]`: MaxText's output head
+    (its final norm, tied or untied projection, soft cap, float32 cast) applied to the
+    final hidden states `hidden` with its kernel cut to those columns, in a copy of the
+    model; the gradient reaches the kernel's columns and the hidden states."""
+    ids = jnp.asarray(ids)
+    graphdef, state = nnx.split(model)
+    local = nnx.merge(graphdef, state, copy=True)
+    if config.logits_via_embedding:
+        local.token_embedder.embedding.value = jnp.take(model.token_embedder.embedding[...], ids, axis=0)
+    else:
+        local.decoder.logits_dense.kernel.value = jnp.take(model.decoder.logits_dense.kernel[...], ids, axis=-1)
+    return local.logits_from_hidden_states_for_vocab_tiling(hidden, deterministic, "train")
+
+
+def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
+    """MaxText's `loss_fn` with `settings.weight` x NTL added to its loss, and the aux
+    holding `ntl_sum` (NTL summed over the real targets) and `number_targets` (how many of
+    those are number tokens). `settings.kind == "none"` is MaxText's loss itself."""
+    if not settings.computes_ntl:
+        return stock_loss_fn
+    from maxtext.utils.globals import EPS
+
+    @functools.wraps(stock_loss_fn)
+    def loss_fn(model, config, data, dropout_rng, params, sparsity_state=None, is_train=True):
+        check_config(config, settings)
+        numbers = number_tokens(config, digit_level=settings.digit_level, prefixed_numbers=settings.prefixed_numbers)
+        with _head_inputs(model.decoder) as seen:
+            loss, aux = stock_loss_fn(model, config, data, dropout_rng, params, sparsity_state=sparsity_state,
+                                      is_train=is_train)
+        hidden, deterministic = _final_hidden(seen, aux, config, is_train)
+        logits = number_logits(model, config, hidden, numbers.ids, deterministic)
+        # stock_loss_fn cut `data` to the micro-batch it trained on, in place.
+        targets, real = data["targets"], data["targets_segmentation"] != 0
+        per_token = ntl_from_number_logits(logits, targets, numbers, ntl_kind=settings.kind, weights=real,
+                                           squash_factor=settings.squash_factor,
+                                           max_number_length=settings.max_number_length)
+        ntl_sum = jnp.sum(per_token)
+        manual_accumulation = config.gradient_accumulation_steps > 1 and not config.use_tunix_gradient_accumulation
+        if settings.weight > 0:
+            # The normalisation of MaxText's own cross-entropy term.
+            term = ntl_sum if manual_accumulation else ntl_sum / (aux["total_weights"] + EPS)
+            loss = loss + settings.weight * term
+        is_number = jnp.any(targets[..., None] == jnp.asarray(numbers.ids), axis=-1) & real
+        return loss, _publish(LossAux(aux, **{NTL_SUM: ntl_sum, NUMBER_TARGETS: jnp.sum(is_number)}))
+
+    return loss_fn
+
+
+def ntl_metrics(aux, prefix: str) -> dict:
+    """`{prefix}/ntl` (NTL over the real targets, the term `ntl_weight` multiplies) and
+    `{prefix}/number_targets` from a step's loss aux."""
+    from maxtext.utils.globals import EPS
+
+    return {f"{prefix}/ntl": aux[NTL_SUM] / (aux["total_weights"] + EPS),
+            f"{prefix}/number_targets": aux[NUMBER_TARGETS]}
+
+
+def number_train_step(stock_train_step, settings: NumberLossSettings):
+    """MaxText's `train_step` with `learning/ntl` and `learning/number_targets` among its
+    scalar metrics; its `learning/loss` is the objective under gradient accumulation too
+    (whose loss MaxText rebuilds from the cross-entropy alone)."""
+    if not settings.computes_ntl:
+        return stock_train_step
+
+    @functools.wraps(stock_train_step)
+    def train_step(model, config, state_mesh_shardings, params_shardings, state, data, dropout_rng=None):
+        with _published_aux() as box:
+            new_state, metrics = stock_train_step(model, config, state_mesh_shardings, params_shardings, state, data,
+                                                  dropout_rng)
+        aux = _last(box, "train_step")
+        scalars = metrics["scalar"]
+        scalars.update(ntl_metrics(aux, "learning"))
+        if config.gradient_accumulation_steps > 1 and settings.weight > 0:
+            scalars["learning/loss"] = scalars["learning/loss"] + settings.weight * aux[NTL_SUM] / jnp.maximum(
+                aux["total_weights"], 1)
+        return new_state, metrics
+
+    return train_step
+
+
+def number_eval_step(stock_eval_step, settings: NumberLossSettings):
+    """MaxText's `eval_step` with `evaluation/ntl_sum` and `evaluation/number_targets`,
+    which `NumberLossMetricLogger` sums over an evaluation into `eval/avg_ntl`."""
+    if not settings.computes_ntl:
+        return stock_eval_step
+
+    @functools.wraps(stock_eval_step)
+    def eval_step(model, config, state, data, dropout_rng=None):
+        with _published_aux() as box:
+            metrics = stock_eval_step(model, config, state, data, dropout_rng)
+        aux = _last(box, "eval_step")
+        metrics["scalar"]["evaluation/ntl_sum"] = aux[NTL_SUM]
+        metrics["scalar"]["evaluation/number_targets"] = aux[NUMBER_TARGETS]
+        return metrics
+
+    return eval_step

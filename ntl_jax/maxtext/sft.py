@@ -1,0 +1,28 @@
+"""MaxText's supervised fine-tuning (Tunix's `PeftTrainer` on MaxText's loss) on
+`CE + ntl_weight x NTL`:
+
+    python -m ntl_jax.maxtext.sft CONFIG.yml key=value ... ntl_weight=0.3 ntl_kind=was
+
+Everything but the `ntl_*` keys goes to `maxtext.trainers.post_train.sft.train_sft`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ntl_jax.maxtext.install import fine_tuning
+from ntl_jax.maxtext.settings import split_argv
+
+
+def main(argv: Sequence[str]) -> None:
+    maxtext_argv, settings = split_argv(argv)
+    from maxtext.trainers.post_train.sft import train_sft
+
+    with fine_tuning(settings):
+        train_sft.main(maxtext_argv)
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    app.run(main)

@@ -1,0 +1,29 @@
+"""MaxText's ahead-of-time compile of a train step on `CE + ntl_weight x NTL`, to check
+that a pod fits before booking it:
+
+    python -m ntl_jax.maxtext.train_compile CONFIG.yml compile_topology=v5e-16 \
+        compile_topology_num_slices=1 key=value ... ntl_weight=0.3 ntl_kind=was
+
+Everything but the `ntl_*` keys goes to `maxtext.trainers.pre_train.train_compile`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ntl_jax.maxtext.install import pretraining
+from ntl_jax.maxtext.settings import split_argv
+
+
+def main(argv: Sequence[str]) -> None:
+    maxtext_argv, settings = split_argv(argv)
+    from maxtext.trainers.pre_train import train_compile
+
+    with pretraining(settings):
+        train_compile.main(maxtext_argv)
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    app.run(main)
