@@ -60,7 +60,8 @@ DotLoss = Literal["mse", "mae", "huber"]
 _EPS = float(jnp.finfo(jnp.float32).eps)
 
 
-def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_factor, reduction, formulation):
+def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_factor, reduction, formulation,
+         max_number_length=None):
     """Every public loss: checks once, then the labels, the head's statistics, the
     variant's loss, the reduction."""
     checks.check_reduction(reduction)
@@ -68,10 +69,12 @@ def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_facto
     checks.check_bool("reweigh", reweigh)
     checks.check_kind(kind, squash_factor)
     checks.check_formulation(formulation)
+    if max_number_length is not None:
+        max_number_length = checks.check_max_number_length(max_number_length)
     weights = checks.check_logits_and_targets(logits, targets, number_tokens, weights)
     if squash_factor is not None:
         number_tokens.check_squashable()
-    variant = variants.variant_of(kind, squash_factor=squash_factor)
+    variant = variants.variant_of(kind, squash_factor=squash_factor, max_number_length=max_number_length)
     if reweigh and variant.ceiling is None:
         raise ValueError(f"expected reweigh=False with ntl_kind={kind!r}, which has no largest value to charge "
                          "for probability off the number tokens; got reweigh=True")
@@ -276,6 +279,7 @@ def number_token_loss(
     squash_factor: float | None = None,
     reduction: Reduction = "none",
     formulation: str = "auto",
+    max_number_length: int | None = None,
 ) -> jax.Array:
     """Any number loss by name: `ntl_kind` in `"was"`, `"mse"`, `"mae"`, `"huber"`,
     `"number_level"`, `"number_level_float"`, `"was_cdf"` (against the one-hot label;
@@ -299,7 +303,8 @@ def number_token_loss(
       it by 0.1 next to CE.
 
     Neither has a largest value, so neither takes `reweigh`.
-    Other arguments as in `ntl_was` (`formulation` as in `cross_entropy_and_ntl`); as
+    Other arguments as in `ntl_was` (`formulation` and `max_number_length` as in
+    `cross_entropy_and_ntl`); as
     there, the default `reduction="none"` returns
     the per-position `[batch, length]` array, not a scalar: pass `"mean"` or `"sum"`
     for a loss to differentiate.
@@ -313,7 +318,8 @@ def number_token_loss(
       1.0
     """
     return _ntl(logits, targets, number_tokens, kind=ntl_kind, weights=weights, reweigh=reweigh,
-                squash_factor=squash_factor, reduction=reduction, formulation=formulation)
+                squash_factor=squash_factor, reduction=reduction, formulation=formulation,
+                max_number_length=max_number_length)
 
 
 def ntl_from_number_logits(

@@ -3,13 +3,17 @@
 MaxText's `loss_fn` (`maxtext.trainers.pre_train.train`) computes its cross-entropy from
 the logits, or, under vocabulary tiling (`num_vocab_tiling > 1`), from the final hidden
 states tile by tile without forming the logits. `number_loss_fn` calls it unchanged and
-adds NTL beside it, computed the same way in both cases: the final hidden states
-(before the output head's norm) go through MaxText's own output head again with the
-head's kernel cut to the `N` number-token columns, giving the number tokens' logits
-`[batch, length, N]`, from which `ntl_jax.ntl_from_number_logits` computes NTL. NTL reads
-nothing of the `[batch, length, vocab]` logits, so vocabulary tiling stays whole, the
-kinds that read a whole sequence (`number_level`, `del`) see it in order, and its cost is
-an `N`-column matmul.
+adds NTL beside it, computed the same way in both cases: the final hidden states go
+through MaxText's own output head again with the head's kernel cut to the `N`
+number-token columns (`number_logits`), giving the number tokens' logits
+`[batch, length, N]`, from which `ntl_jax.ntl_from_number_logits` computes NTL.
+
+NTL reads nothing of the `[batch, length, vocab]` logits. A second reader of them would
+make XLA write them out where MaxText's step otherwise fuses the head's matmul into its
+cross-entropy and never does (a `[batch, length, vocab]` buffer per device more:
+docs/guides/maxtext.md). Vocabulary tiling stays whole, the kinds that read a whole
+sequence (`number_level`, `del`) see it in order, which per-tile losses would not, and
+NTL's own cost is an `N`-column matmul and the scatter of its gradient into the head's.
 
 The hidden states are the input of the decoder's `apply_output_head` (caught while
 MaxText's `loss_fn` runs), or under vocabulary tiling the `hidden_states` the decoder
@@ -117,8 +121,9 @@ def _head_inputs(decoder):
 
 
 def _final_hidden(seen: list, aux, config, is_train: bool):
+    """The final hidden states and whether dropout is off: under vocabulary tiling those
+    the decoder sows, read as MaxText's own tiled loss reads them; else the head's input."""
     if config.num_vocab_tiling > 1:
-        # As MaxText's own tiled loss reads them.
         [hidden] = aux["intermediate_outputs"]["decoder"]["hidden_states"]
         return hidden, (not config.enable_dropout) if is_train else True
     if not seen:
@@ -135,9 +140,9 @@ def number_logits(model, config, hidden, ids, deterministic) -> jax.Array:
     graphdef, state = nnx.split(model)
     local = nnx.merge(graphdef, state, copy=True)
     if config.logits_via_embedding:
-        local.token_embedder.embedding.value = jnp.take(model.token_embedder.embedding[...], ids, axis=0)
+        local.token_embedder.embedding.set_value(jnp.take(model.token_embedder.embedding[...], ids, axis=0))
     else:
-        local.decoder.logits_dense.kernel.value = jnp.take(model.decoder.logits_dense.kernel[...], ids, axis=-1)
+        local.decoder.logits_dense.kernel.set_value(jnp.take(model.decoder.logits_dense.kernel[...], ids, axis=-1))
     return local.logits_from_hidden_states_for_vocab_tiling(hidden, deterministic, "train")
 
 
@@ -157,10 +162,10 @@ def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
             loss, aux = stock_loss_fn(model, config, data, dropout_rng, params, sparsity_state=sparsity_state,
                                       is_train=is_train)
         hidden, deterministic = _final_hidden(seen, aux, config, is_train)
-        logits = number_logits(model, config, hidden, numbers.ids, deterministic)
+        columns = number_logits(model, config, hidden, numbers.ids, deterministic)
         # stock_loss_fn cut `data` to the micro-batch it trained on, in place.
         targets, real = data["targets"], data["targets_segmentation"] != 0
-        per_token = ntl_from_number_logits(logits, targets, numbers, ntl_kind=settings.kind, weights=real,
+        per_token = ntl_from_number_logits(columns, targets, numbers, ntl_kind=settings.kind, weights=real,
                                            squash_factor=settings.squash_factor,
                                            max_number_length=settings.max_number_length)
         ntl_sum = jnp.sum(per_token)

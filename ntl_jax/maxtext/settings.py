@@ -82,7 +82,7 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], NumberLossSettings]:
     """
     kept, values = [], {}
     for i, arg in enumerate(argv):
-        key, sep, text = arg.partition("=")
+        key, sep, text = str(arg).partition("=")
         if i < 2 or not sep or not key.startswith(PREFIX):
             kept.append(arg)
             continue
@@ -109,7 +109,7 @@ def check_config(config, settings: NumberLossSettings) -> None:
                          f"got training_objective={objective}")
     if getattr(config, "enable_dropout", False) and getattr(config, "dropout_rate", 0.0) > 0:
         raise ValueError(f"expected dropout_rate=0 (or enable_dropout=false) for NTL: its number-token columns "
-                         f"are computed through the output head again and would draw a second dropout mask; "
+                         f"go through the output head again and would draw a second dropout mask; "
                          f"got dropout_rate={config.dropout_rate}")
     if getattr(config, "quantization", ""):
         raise ValueError(f"expected no quantization for NTL: its number-token columns slice the output head's "

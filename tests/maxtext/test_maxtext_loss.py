@@ -126,9 +126,16 @@ def test_settings_come_off_the_command_line_and_bad_ones_are_refused():
         ntl_maxtext.split_argv(["prog", "base.yml", "ntl_kind=mse", "ntl_squash_factor=2"])
 
 
+class _Config:
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
 def test_maxtext_settings_ntl_cannot_be_right_with_are_refused_by_name():
     settings = ntl_maxtext.NumberLossSettings()
     with pytest.raises(ValueError, match=r"dropout_rate=0 .*got dropout_rate=0.1"):
         ntl_maxtext.check_config(tiny.config("dropout_rate=0.1"), settings)
     ntl_maxtext.check_config(tiny.config("dropout_rate=0.1"), dataclasses.replace(settings, kind="none"))
     ntl_maxtext.check_config(tiny.config("dropout_rate=0.1", "enable_dropout=false"), settings)
+    with pytest.raises(ValueError, match=r"training_objective=causal_lm .*got training_objective=block_diffusion"):
+        ntl_maxtext.check_config(_Config(training_objective="block_diffusion"), settings)

@@ -1,0 +1,114 @@
+"""MaxText's own programs, launched through `ntl_jax.maxtext` as a user launches them:
+a tiny pretraining run on synthetic data with CE and with CE + NTL logs NTL beside the
+cross-entropy in the metrics file and in TensorBoard, in training and in evaluation; the
+ahead-of-time compile for a v5e topology; a few steps of supervised fine-tuning."""
+
+import glob
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("maxtext")
+
+from tests.maxtext import tiny  # noqa: E402
+
+# Enough targets that MaxText's synthetic batch (uniform random tokens) holds a few of
+# Llama-3's 1,110 number tokens.
+RUN = [*[a for a in tiny.TINY if not a.startswith(("per_device_batch_size", "max_target_length", "dtype"))],
+       "per_device_batch_size=4", "max_target_length=128", "steps=4", "eval_interval=2", "eval_steps=2",
+       "ntl_digit_level=false"]
+
+
+def _launch(module, args, tmp_path, **env):
+    done = subprocess.run([sys.executable, "-m", module, tiny.BASE, *args], capture_output=True, text=True,
+                          cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu", **env), timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done.stdout + done.stderr
+
+
+def _metrics(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _tensorboard_tags(directory):
+    """The scalar tags in the TensorBoard event files under `directory`, read with
+    tensorboardX's own protobuf (TFRecord framing: length, its CRC, the event, its CRC)."""
+    from tensorboardX.proto import event_pb2
+
+    tags = set()
+    for path in glob.glob(os.path.join(directory, "**", "events.out.tfevents.*"), recursive=True):
+        data = open(path, "rb").read()
+        at = 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+            tags.update(value.tag for value in event.summary.value)
+            at += 12 + length + 4
+    return tags
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same tiny run trained on CE (ntl_weight=0) and on CE + 0.3 x NTL."""
+    out = {}
+    for name, weight in (("ce", 0.0), ("ntl", 0.3)):
+        tmp = tmp_path_factory.mktemp(name)
+        log = _launch("ntl_jax.maxtext.train", [*RUN, f"run_name={name}", f"base_output_directory={tmp}",
+                                                f"metrics_file={tmp / 'metrics.jsonl'}", f"ntl_weight={weight}"], tmp)
+        out[name] = (tmp, log, _metrics(tmp / "metrics.jsonl"))
+    return out
+
+
+def test_training_logs_ntl_beside_the_cross_entropy(runs):
+    for name, weight in (("ce", 0.0), ("ntl", 0.3)):
+        tmp, log, metrics = runs[name]
+        train = [m for m in metrics if "learning/loss" in m]
+        assert [m["step"] for m in train] == [0, 1, 2, 3]
+        for m in train:
+            assert m["learning/number_targets"] > 0 and m["learning/ntl"] > 0
+            # MaxText's lm_loss and perplexity stay the cross-entropy; its loss is what trains.
+            assert m["learning/loss"] == pytest.approx(m["learning/lm_loss"] + weight * m["learning/ntl"], rel=1e-6)
+        assert "ntl: " in log and "number targets" in log
+        tags = _tensorboard_tags(tmp / name / "tensorboard")
+        assert {"learning/ntl", "learning/lm_loss", "eval/avg_ntl", "eval/avg_loss"} <= tags
+
+
+def test_evaluation_logs_ntl_over_the_evaluations_targets(runs):
+    for name in ("ce", "ntl"):
+        _, log, metrics = runs[name]
+        evals = [m for m in metrics if "eval/avg_loss" in m]
+        assert len(evals) == 2
+        for m in evals:
+            assert m["eval/number_targets"] > 0
+            assert m["eval/avg_ntl"] == pytest.approx(m["eval/ntl_sum"] / m["eval/total_weights"], rel=1e-6)
+        assert "eval step" in log
+
+
+def test_the_same_step_trains_differently_only_with_a_weight(runs):
+    ce, ntl = runs["ce"][2], runs["ntl"][2]
+    # Step 0 starts from the same parameters: the same CE and NTL, whatever the weight.
+    assert ntl[0]["learning/lm_loss"] == pytest.approx(ce[0]["learning/lm_loss"], rel=1e-6)
+    assert ntl[0]["learning/ntl"] == pytest.approx(ce[0]["learning/ntl"], rel=1e-6)
+    last_ce = [m for m in ce if "learning/loss" in m][-1]
+    last_ntl = [m for m in ntl if "learning/loss" in m][-1]
+    assert last_ntl["learning/ntl"] < last_ce["learning/ntl"]  # NTL's gradient moved the number tokens
+
+
+def test_the_ahead_of_time_compile_for_a_v5e_pod_takes_the_number_loss(tmp_path):
+    log = _launch("ntl_jax.maxtext.train_compile",
+                  [*RUN, "run_name=aot", f"base_output_directory={tmp_path}", "compile_topology=v5e-4",
+                   "compile_topology_num_slices=1", "ntl_weight=0.3", "ntl_kind=del"],
+                  tmp_path, ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_ACCELERATOR_TYPE="v5litepod-4")
+    assert "Finished train_compile.py successfully!" in log
+    assert "Memory analysis:" in log
+
+
+def test_a_bad_setting_stops_the_launch_with_its_name(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ntl_jax.maxtext.train", tiny.BASE, *RUN, "ntl_kind=wass"],
+                          capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert done.returncode != 0
+    assert "expected ntl_kind in" in done.stderr and "got 'wass'" in done.stderr
