@@ -12,7 +12,7 @@ import contextlib
 
 import numpy as np
 
-from ntl_jax.maxtext.loss import NTL_SUM, number_eval_step, number_loss_fn, number_train_step
+from ntl_jax.maxtext.loss import NTL_SUM, NUMBER_TARGETS, number_eval_step, number_loss_fn, number_train_step
 from ntl_jax.maxtext.metrics import number_metric_logger
 from ntl_jax.maxtext.settings import NumberLossSettings
 
@@ -65,8 +65,10 @@ def _buffer_ntl(buffer, aux) -> None:
     # trainer writes through Tunix's metrics logger.
     if buffer is None or aux is None or NTL_SUM not in aux:
         return
-    values, _ = buffer.additional_metrics.setdefault("ntl", ([], np.mean))
-    values.append(aux[NTL_SUM] / np.maximum(aux["total_weights"], 1))
+    for name, value in (("ntl", aux[NTL_SUM] / np.maximum(aux["total_weights"], 1)),
+                        ("number_targets", aux[NUMBER_TARGETS])):
+        values, _ = buffer.additional_metrics.setdefault(name, ([], np.mean))
+        values.append(value)
 
 
 def _number_peft_trainer(stock_trainer_class):
@@ -88,19 +90,21 @@ def _number_sft_hooks(stock_hooks_class):
     class NumberLossSFTTrainingHooks(stock_hooks_class):
         """MaxText's SFT hooks, writing Tunix's `ntl` into MaxText's metrics."""
 
-        def _pend(self, train_ctx, mode: str, name: str) -> None:
-            try:
-                value = train_ctx.metrics_logger.get_metric(train_ctx.metrics_prefix, "ntl", mode)
-            except Exception:  # noqa: BLE001 - as MaxText's hooks read Tunix's optional metrics
-                return
-            self.metric_logger.pending_scalars[name] = float(value)
+        def _pend(self, train_ctx, mode: str, prefix: str) -> None:
+            for tunix_name, name in (("ntl", "ntl" if mode == "train" else "avg_ntl"),
+                                     ("number_targets", "number_targets")):
+                try:  # the latest value (Tunix's get_metric is the mean of them all)
+                    history = train_ctx.metrics_logger.get_metric_history(train_ctx.metrics_prefix, tunix_name, mode)
+                except Exception:  # noqa: BLE001 - as MaxText's hooks read Tunix's optional metrics
+                    continue
+                self.metric_logger.pending_scalars[f"{prefix}/{name}"] = float(history[-1])
 
         def on_train_step_end(self, train_ctx, train_step, train_loss, step_time=0.0):
-            self._pend(train_ctx, "train", "learning/ntl")
+            self._pend(train_ctx, "train", "learning")
             super().on_train_step_end(train_ctx, train_step, train_loss, step_time)
 
         def on_eval_step_end(self, train_ctx, eval_loss):
-            self._pend(train_ctx, "eval", "eval/avg_ntl")
+            self._pend(train_ctx, "eval", "eval")
             super().on_eval_step_end(train_ctx, eval_loss)
 
     return NumberLossSFTTrainingHooks

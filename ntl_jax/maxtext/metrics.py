@@ -9,7 +9,14 @@ def number_metric_logger(stock_logger_class):
     `evaluation/number_targets` over an evaluation into `eval/avg_ntl` (NTL over the
     evaluation's real targets, as `eval/avg_loss` is its cross-entropy) and
     `eval/number_targets`, logs NTL beside MaxText's own line, and writes the scalars in
-    `pending_scalars` with the next metrics it writes."""
+    `pending_scalars` with the next metrics it writes.
+
+    MaxText empties its `metrics_file` whenever it writes a line of step 0, and each
+    evaluation's first running line is one: the training lines before an evaluation were
+    lost. This logger empties it at training step 0 only."""
+    import json
+
+    from maxtext.common import metric_logger
     from maxtext.utils import max_logging
     from maxtext.utils.globals import EPS
 
@@ -19,12 +26,24 @@ def number_metric_logger(stock_logger_class):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.pending_scalars = {}
+            self._writing = None
 
         def write_metrics(self, metrics, step, metric_type="train"):
             if self.pending_scalars:
                 metrics["scalar"].update(self.pending_scalars)
                 self.pending_scalars = {}
-            super().write_metrics(metrics, step, metric_type)
+            self._writing = metric_type
+            try:
+                super().write_metrics(metrics, step, metric_type)
+            finally:
+                self._writing = None
+
+        def write_metrics_locally(self, metrics, step):
+            if self._writing == "train":
+                return super().write_metrics_locally(metrics, step)
+            line = metric_logger._prepare_metrics_for_json(metrics, step, self.config.run_name)
+            with open(self.config.metrics_file, "a", encoding="utf8") as f:
+                f.write(json.dumps(line) + "\n")
 
         def _accumulate_eval_metrics(self, metrics):
             super()._accumulate_eval_metrics(metrics)
@@ -50,5 +69,6 @@ def number_metric_logger(stock_logger_class):
 
 def _log_ntl(max_logging, scalars, step, ntl_key, count_key, what):
     if ntl_key in scalars:
-        max_logging.log(f"{what}step {step}: ntl: {float(scalars[ntl_key]):.4f} over "
-                        f"{int(scalars.get(count_key, 0))} number targets")
+        # Fine-tuning's counts are Tunix's means over a step's micro-batches.
+        count = f" over {float(scalars[count_key]):g} number targets" if count_key in scalars else ""
+        max_logging.log(f"{what}step {step}: ntl: {float(scalars[ntl_key]):.4f}{count}")
