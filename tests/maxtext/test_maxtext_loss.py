@@ -139,3 +139,22 @@ def test_maxtext_settings_ntl_cannot_be_right_with_are_refused_by_name():
     ntl_maxtext.check_config(tiny.config("dropout_rate=0.1", "enable_dropout=false"), settings)
     with pytest.raises(ValueError, match=r"training_objective=causal_lm .*got training_objective=block_diffusion"):
         ntl_maxtext.check_config(_Config(training_objective="block_diffusion"), settings)
+
+
+@pytest.mark.parametrize("kind, path, vocab, digits, numbers, largest", [
+    ("huggingface", "qwen3-tokenizer", 151936, 10, 10, 9),  # Qwen writes one token per digit
+    ("sentencepiece", "tokenizer.llama2", 32000, 10, 11, 9),  # and "00"
+    ("tiktoken", "tokenizer_llama3.tiktoken", 128256, 10, 1110, 999),  # 0-999, and 00-09 and 000-099
+])
+def test_the_number_tokens_come_from_the_tokenizer_the_config_names(kind, path, vocab, digits, numbers, largest):
+    import os
+
+    config = _Config(tokenizer_type=kind, tokenizer_path=os.path.join(tiny.ASSETS, path), vocab_size=vocab,
+                     hf_access_token="")
+    assert ntl_maxtext.number_tokens(config).num_numbers == digits
+    table = ntl_maxtext.number_tokens(config, digit_level=False)
+    assert table.num_numbers == numbers and float(table.number_values.max()) == largest
+    with pytest.raises(ValueError, match=r"at most vocab_size=1000 ids, got"):
+        ntl_maxtext.number_tokens(_Config(**{**config.__dict__, "vocab_size": 1000}))
+    with pytest.raises(ValueError, match=r"expected tokenizer_path .*got tokenizer_path=''"):
+        ntl_maxtext.number_tokens(_Config(**{**config.__dict__, "tokenizer_path": ""}))
