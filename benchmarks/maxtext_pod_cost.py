@@ -6,39 +6,48 @@ stock against `ntl_jax.maxtext`; and, on a small step, against NTL read from the
 Run it in the Python >= 3.12 environment of the `maxtext` extra (libtpu compiles for a
 TPU on any Linux x86-64 machine, nothing runs on one):
 
-    python benchmarks/maxtext_pod_cost.py --out docs/results/maxtext_pod_cost.json
+    python benchmarks/maxtext_pod_cost.py --out benchmarks/results/maxtext_pod_cost.json
+
+`python benchmarks/maxtext_pod_cost.py --table` prints the committed results as the
+MaxText guide's table (docs/guides/maxtext.md).
 
 Each compile is a process of its own (MaxText sets up its config and libtpu once per
-process), two at a time. Per-device memory is what XLA's memory analysis allocates
+process), one at a time. Per-device memory is what XLA's memory analysis allocates
 (arguments + outputs - aliased + temporaries), HBM traffic its cost analysis's "bytes
-accessed"; both are deterministic. The layers are unrolled (`scan_layers=false`): XLA's
-cost analysis counts a loop's body once, which would count the stock step's layers once
-and NTL's columns, outside every loop, whole. The vocabulary tiles' scan is still a loop,
-so the tiled step's cross-entropy is counted for one tile: the tiled traffic ratios
-overstate NTL's share.
+accessed"; both are deterministic. XLA's cost analysis counts a loop's body once: with
+MaxText's scanned layers the stock step's layers are counted once and NTL's columns,
+outside every loop, whole, so the traffic ratios overstate NTL's share; the unrolled rows
+(`scan_layers=false`, v5e-16 only: each takes 17 GB and minutes to compile) count every
+layer. The vocabulary tiles' scan stays a loop, counted once.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
+RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "maxtext_pod_cost.json"
+
 TOKENIZER = ["tokenizer_type=huggingface", "vocab_size=151936", "dataset_type=synthetic"]
-# Qwen3-0.6B (tied embeddings, 151,936 tokens), 4,096 tokens per device.
-POD = ["model_name=qwen3-0.6b", "per_device_batch_size=2", "max_target_length=2048", "scan_layers=false"]
+# Qwen3-0.6B (tied embeddings, 151,936 tokens), 4,096 tokens per device, its layers scanned
+# (MaxText's default) or unrolled (so that XLA's cost analysis counts each).
+POD = ["model_name=qwen3-0.6b", "per_device_batch_size=2", "max_target_length=2048"]
+UNROLLED = [*POD, "scan_layers=false"]
 # A two-layer model at Qwen3's vocabulary, 256 tokens per device: MaxText fuses its head's
 # matmul into the cross-entropy and never writes the logits.
 SMALL = ["model_name=qwen3-0.6b", "override_model_config=true", "base_emb_dim=64", "base_num_decoder_layers=2",
          "base_num_query_heads=2", "base_num_kv_heads=2", "base_mlp_dim=128", "head_dim=32",
          "per_device_batch_size=1", "max_target_length=256"]
 NTL = ["ntl_weight=0.3", "ntl_kind=was"]
+MODELS = {"pod": POD, "unrolled": UNROLLED, "small": SMALL}
 RUNS = (
     [("pod", topology, tiling, variant) for topology in ("v5e-16", "v4-8") for tiling in (1, 4)
      for variant in ("stock", "ntl")]
+    + [("unrolled", "v5e-16", tiling, variant) for tiling in (1, 4) for variant in ("stock", "ntl")]
     + [("small", "v5e-16", 1, variant) for variant in ("stock", "ntl", "from_logits")]
 )
 
@@ -83,7 +92,7 @@ def compile_one(model: str, topology: str, tiling: int, variant: str) -> dict:
     base, tokenizer = _assets()
     argv = [None, base, f"compile_topology={topology}", "compile_topology_num_slices=1", "run_name=pod_cost",
             "base_output_directory=/tmp/maxtext_pod_cost", f"tokenizer_path={tokenizer}",
-            f"num_vocab_tiling={tiling}", *TOKENIZER, *(POD if model == "pod" else SMALL)]
+            f"num_vocab_tiling={tiling}", *TOKENIZER, *MODELS[model]]
     compiled = []
     stock_compile = train_compile.jit_and_compile
     train_compile.jit_and_compile = lambda *a, **k: compiled.append(stock_compile(*a, **k)) or compiled[-1]
@@ -122,14 +131,29 @@ def _launch(run) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="write the rows and the command as JSON here")
+    parser.add_argument("--table", action="store_true", help="print the committed results as the guide's table")
     parser.add_argument("--one", nargs=4, metavar=("MODEL", "TOPOLOGY", "TILING", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(RESULTS.read_text())), end="")
+        return
     if args.one:
         model, topology, tiling, variant = args.one
         print("ROW " + json.dumps(compile_one(model, topology, int(tiling), variant)), flush=True)
         return
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        rows = list(pool.map(_launch, RUNS))
+    # One compile at a time (an unrolled step takes 17 GB to compile); the rows done are
+    # kept beside --out, so that a stopped run resumes.
+    done_file = pathlib.Path((args.out or "/tmp/maxtext_pod_cost.json") + ".rows")
+    done = [json.loads(line) for line in done_file.read_text().splitlines()] if done_file.exists() else []
+    rows = []
+    for run in RUNS:
+        key = dict(zip(("model", "topology", "num_vocab_tiling", "variant"), run))
+        row = next((r for r in done if all(r[k] == v for k, v in key.items())), None)
+        if row is None:
+            row = _launch(run)
+            with done_file.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+        rows.append(row)
     for row in rows:
         stock = next(r for r in rows if r["variant"] == "stock" and all(
             r[k] == row[k] for k in ("model", "topology", "num_vocab_tiling")))
@@ -140,8 +164,28 @@ def main():
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"command": "python benchmarks/maxtext_pod_cost.py --out " + args.out,
                        "maxtext": _version("maxtext"), "jax": _version("jax"), "libtpu": _version("libtpu"),
-                       "pod": POD + TOKENIZER, "small": SMALL + TOKENIZER, "ntl": NTL, "rows": rows}, f, indent=1)
+                       **{name: args + TOKENIZER for name, args in MODELS.items()}, "ntl": NTL, "rows": rows}, f,
+                      indent=1)
             f.write("\n")
+    done_file.unlink(missing_ok=True)
+
+
+STEPS = {"pod": "Qwen3-0.6B", "unrolled": "Qwen3-0.6B, layers unrolled", "small": "small"}
+
+
+def table(results: dict) -> str:
+    """The guide's Markdown table of `results` (the JSON `--out` writes)."""
+    names = {"stock": "MaxText", "ntl": "CE + NTL-WAS (`ntl_jax.maxtext`)",
+             "from_logits": "CE + NTL read from the logits"}
+    lines = ["| step | topology | vocabulary tiles | loss | per-device memory | vs MaxText | HBM traffic "
+             "| vs MaxText |", "|---|---|---|---|---|---|---|---|"]
+    for row in results["rows"]:
+        lines.append(
+            f"| {STEPS[row['model']]} | {row['topology']} | {row['num_vocab_tiling']} "
+            f"| {names[row['variant']]} | {row['per_device_bytes'] / 2**20:,.1f} MiB "
+            f"| {row['per_device_bytes_vs_stock']:.4f}x | {row['bytes_accessed'] / 2**30:,.2f} GiB "
+            f"| {row['bytes_accessed_vs_stock']:.4f}x |")
+    return "\n".join(lines) + "\n"
 
 
 def _version(package: str) -> str:
