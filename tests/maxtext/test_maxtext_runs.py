@@ -117,7 +117,8 @@ def test_gradient_accumulation_trains_the_step_the_whole_batch_trains(runs):
         assert accumulated[0][key] == pytest.approx(whole[0][key], rel=1e-5), key
     # Each micro-batch's gradient computed in bfloat16 (the runs' dtype), summed in float32.
     assert accumulated[0]["learning/raw_grad_norm"] == pytest.approx(whole[0]["learning/raw_grad_norm"], rel=1e-3)
-    assert accumulated[-1]["learning/ntl"] == pytest.approx(whole[-1]["learning/ntl"], rel=1e-4)
+    # After three updates from those gradients.
+    assert accumulated[-1]["learning/ntl"] == pytest.approx(whole[-1]["learning/ntl"], rel=1e-3)
 
 
 def test_a_run_resumes_from_its_checkpoint(runs, tmp_path_factory):
