@@ -92,3 +92,16 @@ def test_the_byte_alphabet_is_the_one_tokenizers_writes():
     from tests import tokenizer_builders
 
     assert list(_byte_alphabet()) == [tokenizer_builders.bytes_to_unicode()[b] for b in range(256)]
+
+
+def test_number_token_loss_takes_the_number_level_kinds_longest_number(case):
+    numbers, logits, targets, weights = case
+    losses = {}
+    for length in (1, 3):
+        expected = ntl_jax.number_level_loss(logits, targets, numbers, weights=weights, max_number_length=length)
+        losses[length] = ntl_jax.number_token_loss(logits, targets, numbers, ntl_kind="number_level",
+                                                   weights=weights, max_number_length=length)
+        np.testing.assert_allclose(losses[length], expected)
+    assert not np.allclose(losses[1], losses[3])  # the case has numbers of several digits
+    with pytest.raises(ValueError, match=r"max_number_length to be an integer >= 1, got 0"):
+        ntl_jax.number_token_loss(logits, targets, numbers, ntl_kind="number_level", max_number_length=0)
