@@ -60,21 +60,27 @@ DotLoss = Literal["mse", "mae", "huber"]
 _EPS = float(jnp.finfo(jnp.float32).eps)
 
 
+def _checked_variant(kind, *, squash_factor, max_number_length):
+    """The `Variant` that `kind` and its options name, each option checked (the table
+    against `squash_factor` is the caller's to check, once the table is)."""
+    checks.check_squash_factor(squash_factor)
+    checks.check_kind(kind, squash_factor)
+    if max_number_length is not None:
+        max_number_length = checks.check_max_number_length(max_number_length)
+    return variants.variant_of(kind, squash_factor=squash_factor, max_number_length=max_number_length)
+
+
 def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_factor, reduction, formulation,
          max_number_length=None):
     """Every public loss: checks once, then the labels, the head's statistics, the
     variant's loss, the reduction."""
     checks.check_reduction(reduction)
-    checks.check_squash_factor(squash_factor)
     checks.check_bool("reweigh", reweigh)
-    checks.check_kind(kind, squash_factor)
+    variant = _checked_variant(kind, squash_factor=squash_factor, max_number_length=max_number_length)
     checks.check_formulation(formulation)
-    if max_number_length is not None:
-        max_number_length = checks.check_max_number_length(max_number_length)
     weights = checks.check_logits_and_targets(logits, targets, number_tokens, weights)
     if squash_factor is not None:
         number_tokens.check_squashable()
-    variant = variants.variant_of(kind, squash_factor=squash_factor, max_number_length=max_number_length)
     if reweigh and variant.ceiling is None:
         raise ValueError(f"expected reweigh=False with ntl_kind={kind!r}, which has no largest value to charge "
                          "for probability off the number tokens; got reweigh=True")
@@ -359,15 +365,11 @@ def ntl_from_number_logits(
       1.5
     """
     checks.check_reduction(reduction)
-    checks.check_squash_factor(squash_factor)
-    checks.check_kind(ntl_kind, squash_factor)
+    variant = _checked_variant(ntl_kind, squash_factor=squash_factor, max_number_length=max_number_length)
     checks.check_number_tokens(number_tokens)
-    if max_number_length is not None:
-        max_number_length = checks.check_max_number_length(max_number_length)
     weights = checks.check_number_logits_and_targets(number_logits, targets, number_tokens, weights)
     if squash_factor is not None:
         number_tokens.check_squashable()
-    variant = variants.variant_of(ntl_kind, squash_factor=squash_factor, max_number_length=max_number_length)
     target = number_target(targets, weights, number_tokens.vocab_size, number_tokens)
     # Ignored positions read zeros: whatever their logits hold reaches no value or gradient.
     columns = jnp.where(target.keep[..., None], jnp.asarray(number_logits).astype(jnp.float32), 0.0)

@@ -9,12 +9,14 @@ MaxText's own code is not copied or changed.
 from __future__ import annotations
 
 import contextlib
+import importlib
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ntl_jax.maxtext.loss import NTL_SUM, NUMBER_TARGETS, number_eval_step, number_loss_fn, number_train_step
 from ntl_jax.maxtext.metrics import number_metric_logger
-from ntl_jax.maxtext.settings import NumberLossSettings
+from ntl_jax.maxtext.settings import NumberLossSettings, split_argv
 
 
 @contextlib.contextmanager
@@ -28,6 +30,16 @@ def _replaced(*replacements):
     finally:
         for module, name, value in reversed(saved):
             setattr(module, name, value)
+
+
+def launch(argv: Sequence[str], program: str,
+           installed: Callable[[NumberLossSettings], contextlib.AbstractContextManager]) -> None:
+    """Runs the MaxText module `program`'s `main` on `argv` less its `ntl_*` arguments,
+    inside `installed(settings)` (`pretraining` or `fine_tuning`) of the settings they
+    make. The settings are checked before MaxText is imported."""
+    maxtext_argv, settings = split_argv(argv)
+    with installed(settings):
+        importlib.import_module(program).main(maxtext_argv)
 
 
 def pretraining(settings: NumberLossSettings):

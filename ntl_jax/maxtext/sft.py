@@ -10,16 +10,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ntl_jax.maxtext.install import fine_tuning
-from ntl_jax.maxtext.settings import split_argv
+from ntl_jax.maxtext.install import fine_tuning, launch
 
 
 def main(argv: Sequence[str]) -> None:
-    maxtext_argv, settings = split_argv(argv)
-    from maxtext.trainers.post_train.sft import train_sft
-
-    with fine_tuning(settings):
-        train_sft.main(maxtext_argv)
+    launch(argv, "maxtext.trainers.post_train.sft.train_sft", fine_tuning)
 
 
 if __name__ == "__main__":

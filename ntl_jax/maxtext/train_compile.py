@@ -11,16 +11,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ntl_jax.maxtext.install import pretraining
-from ntl_jax.maxtext.settings import split_argv
+from ntl_jax.maxtext.install import launch, pretraining
 
 
 def main(argv: Sequence[str]) -> None:
-    maxtext_argv, settings = split_argv(argv)
-    from maxtext.trainers.pre_train import train_compile
-
-    with pretraining(settings):
-        train_compile.main(maxtext_argv)
+    launch(argv, "maxtext.trainers.pre_train.train_compile", pretraining)
 
 
 if __name__ == "__main__":
