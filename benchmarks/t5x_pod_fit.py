@@ -67,9 +67,9 @@ def run_one(size: str, topology: str, row: str, offline: bool) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["| size | topology | row | params + optimizer / chip | temporaries / chip | total / chip (HBM) "
-             "| fits | total vs CE | HBM traffic vs CE | collectives per step |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| size | topology | row | per chip: params + optimizer, temporaries = total (of the chip's HBM) "
+             "| vs CE: memory, HBM traffic | collectives per step |",
+             "|---|---|---|---|---|---|"]
     for key, rows in results.items():
         size, topology = key.split(" ")
         base = rows.get(BASELINE)
@@ -79,13 +79,13 @@ def table(results: dict) -> str:
             r = rows[row]
             moved = " + ".join(f"{c['bytes'] / GIB:.2f} GiB {kind} ({c['count']})"
                               for kind, c in sorted(r["collectives"].items()))
-            ratio = (f"{r['total_bytes'] / base['total_bytes']:.3f}x" if base else "-",
-                     f"{r['bytes_accessed'] / base['bytes_accessed']:.3f}x" if base else "-")
+            ratio = (f"{r['total_bytes'] / base['total_bytes']:.3f}x, "
+                     f"{r['bytes_accessed'] / base['bytes_accessed']:.3f}x") if base else "-"
+            fits = "" if r["fits"] else ", **does not fit**"
             lines.append(
-                f"| {size} | {topology} | {row} | {(r['params_bytes'] + r['optimizer_bytes']) / GIB:.2f} GiB "
-                f"| {r['temp_bytes'] / GIB:.2f} GiB | {r['total_bytes'] / GIB:.2f} GiB "
-                f"({r['hbm_bytes'] / GIB:.0f}) | {'yes' if r['fits'] else 'NO'} | {ratio[0]} | {ratio[1]} "
-                f"| {moved or 'none'} |")
+                f"| {size} | {topology} | {row} | {(r['params_bytes'] + r['optimizer_bytes']) / GIB:.2f} + "
+                f"{r['temp_bytes'] / GIB:.2f} = {r['total_bytes'] / GIB:.2f} GiB "
+                f"(of {r['hbm_bytes'] / GIB:.0f}){fits} | {ratio} | {moved or 'none'} |")
     return "\n".join(lines)
 
 

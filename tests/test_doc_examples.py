@@ -5,6 +5,8 @@ import contextlib
 import doctest
 import io
 import re
+import sys
+from code import InteractiveConsole
 
 import pytest
 
@@ -54,3 +56,38 @@ def test_site_examples_run_as_pasted_and_print_what_the_page_shows(page):
             f"{page.name}, block {n + 1} printed:\n{printed}\nthe page shows:\n{shown}")
     if page.name == "getting-started.md":
         assert float(namespace["parts"]["ntl"]) < 0.05
+
+
+def _repl_errors(code: str) -> list[str]:
+    """The syntax errors Python's interactive interpreter reports for `code` typed (or
+    pasted) into it line by line: a compound statement there ends at a blank line and must
+    end with one. Compiled only, nothing runs."""
+    errors = []
+
+    class Console(InteractiveConsole):
+        def runcode(self, code):  # compiling is the check
+            pass
+
+        def showsyntaxerror(self, filename=None, **kwargs):
+            errors.append(str(sys.exc_info()[1]))
+
+    console = Console()
+    for line in code.splitlines():
+        console.push(line)
+    console.push("")
+    return errors
+
+
+def test_repl_check_finds_a_statement_after_a_loop_without_a_blank_line():
+    assert _repl_errors("for i in range(2):\n    x = i\nprint(x)\n")
+    assert _repl_errors("def f():\n    x = 1\n\n    return x\n")
+    assert not _repl_errors("for i in range(2):\n    x = i\n\nprint(x)\n")
+
+
+@pytest.mark.parametrize("page", docs_pages.pages(), ids=lambda p: p.relative_to(docs_pages.ROOT).as_posix())
+def test_examples_paste_into_the_plain_repl(page):
+    """Python 3.11's plain REPL reads a pasted block line by line: each block compiles
+    there as it does in a file."""
+    failing = {f"block {n + 1}": errors for n, code in enumerate(docs_pages.code_blocks(page.read_text(), "python"))
+               if (errors := _repl_errors(code))}
+    assert failing == {}, page.name

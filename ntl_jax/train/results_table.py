@@ -299,7 +299,9 @@ def _rendered(name: str, results_dir: str) -> str:
     path = os.path.join(results_dir, f"{name}.json")
     if not os.path.isfile(path):
         raise ResultsError(f"results block {name!r}: no result file {path}")
-    return "\n" + render(load(path)) + "\n"
+    # The page sits beside the results directory (docs/evidence.md, docs/results/).
+    link = f"{os.path.basename(os.path.normpath(results_dir))}/{name}.json"
+    return "\n" + render(load(path)) + f"\n\nEvery run's numbers: [`{name}.json`]({link}).\n"
 
 
 def update_readme(text: str, results_dir: str) -> str:

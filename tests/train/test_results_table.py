@@ -255,6 +255,9 @@ def _write(tmp_path, readme_text, results=("tiny",)):
     return readme, results_dir
 
 
+# After each block, a link to its file, relative to the page beside the results directory.
+LINK = "\n\nEvery run's numbers: [`tiny.json`](results/tiny.json).\n"
+
 README = """\
 # Title
 
@@ -271,7 +274,7 @@ Outro.
 def test_update_readme_replaces_only_the_block(tmp_path):
     _, results_dir = _write(tmp_path, README)
     new = results_table.update_readme(README, str(results_dir))
-    assert new == README.replace("old table\n", EXPECTED + "\n")
+    assert new == README.replace("old table\n", EXPECTED + LINK)
     assert results_table.update_readme(new, str(results_dir)) == new
     assert results_table.stale_blocks(README, str(results_dir)) == ["tiny"]
     assert results_table.stale_blocks(new, str(results_dir)) == []
@@ -300,7 +303,7 @@ def test_script_check_and_rewrite(tmp_path):
     assert readme.read_text() == README                 # --check writes nothing
 
     assert _script(*args).returncode == 0
-    assert readme.read_text() == README.replace("old table\n", EXPECTED + "\n")
+    assert readme.read_text() == README.replace("old table\n", EXPECTED + LINK)
     check = _script(*args, "--check")
     assert (check.returncode, check.stderr) == (0, "")
 
@@ -327,7 +330,7 @@ def test_script_refresh_paired_recomputes_the_files_paired_section(tmp_path):
     assert refreshed["paired"]["ntl-was"][LMAE]["ci95"] == pytest.approx([-0.1, -0.1])
     assert {k: v for k, v in refreshed.items() if k != "paired"} == {
         k: v for k, v in stale.items() if k != "paired"}
-    assert readme.read_text() == README.replace("old table\n", EXPECTED + "\n")
+    assert readme.read_text() == README.replace("old table\n", EXPECTED + LINK)
     again = _script(*args, "--refresh-paired")  # nothing left to change
     assert again.returncode == 0 and again.stdout == ""
 
