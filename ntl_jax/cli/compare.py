@@ -100,6 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="also pair every other loss with LOSS's run of its seed (e.g. ntl-was, "
                         "to compare its successors with it), adjusted with the comparisons "
                         "against CE as one family (default: CE only)")
+    g.add_argument("--primary-metric", default=None, metavar="METRIC",
+                   help="the metric declared primary before the runs: only its comparisons "
+                        "form the family Holm adjusts and get a verdict; the table's other "
+                        "metrics are shown with their intervals and unadjusted p-values "
+                        "(default: every metric of the table, one family)")
     cli_train.add_run_arguments(parser, DEFAULTS, sweep=True)
 
 
@@ -321,6 +326,7 @@ def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
         "total_runs": len(results),
         "settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
         "table_metrics": shown,
+        "primary_metric": args.primary_metric,
         "runs": records,
         "pretrain_runs": [_run_record(s, results[s], out) for s in pretrain],
         "summary": paired_stats.describe(records, metrics=metrics, thresholds=thresholds),
@@ -335,6 +341,14 @@ def check_also_against(args: argparse.Namespace) -> None:
         raise ValueError(f"--also-against expected losses of --losses other than ce "
                          f"({', '.join(loss for loss in args.losses if loss != 'ce')}), got "
                          f"{', '.join(wrong)}")
+
+
+def check_primary_metric(args: argparse.Namespace) -> None:
+    """Raises ValueError if `--primary-metric` is not one of the table's metrics."""
+    metrics = table_metrics(args)
+    if args.primary_metric is not None and args.primary_metric not in metrics:
+        raise ValueError(f"--primary-metric expected one of the table's metrics ({', '.join(metrics)}), "
+                         f"got {args.primary_metric}")
 
 
 def table_metrics(args: argparse.Namespace) -> list[str]:
@@ -450,6 +464,7 @@ def run(args: argparse.Namespace) -> int:
         cli_train.check_module(args.module)
         cli_train.check_gce_sigma(args, args.losses)
         check_also_against(args)
+        check_primary_metric(args)
         out = check_output_dir(args.out)
         pretrain, runs = plan(args, out)
         for spec in pretrain + runs:

@@ -194,17 +194,22 @@ def render(result: dict) -> str:
                      in against(result, baseline)["paired"].items()
                      if label != DEFAULT_BASELINE  # CE − baseline is baseline − CE above
                      for metric in metrics if per_metric.get(metric) is not None]
-    # One family: every comparison of the table, adjusted together (Holm).
-    adjusted = paired_stats.holm([e.get("p") for _, _, e in compared])
+    # One family, adjusted together (Holm): the comparisons of the primary metric where one
+    # was declared, else every comparison of the table.
+    primary = result.get("primary_metric")
+    family = [i for i, (_, metric, _) in enumerate(compared) if primary in (None, metric)]
+    adjusted = dict(zip(family, paired_stats.holm([compared[i][2].get("p") for i in family])))
     rows = []
-    for (label, metric, e), p_holm in zip(compared, adjusted):
+    for i, (label, metric, e) in enumerate(compared):
         ci = e.get("ci95")
         ci_text = f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "n/a"
+        called = i in adjusted
         rows.append([f"{label} − {e.get('baseline', DEFAULT_BASELINE)}",
                      metric_title(metric) + _direction(e.get("higher_is_better")),
                      fmt(e.get("mean_diff")), ci_text,
                      f"{e.get('better', 0)}/{e.get('worse', 0)}/{e.get('ties', 0)}",
-                     fmt_p(e.get("p")), fmt_p(p_holm), fmt_p(e.get("p_sign")), verdict(e, p_holm)])
+                     fmt_p(e.get("p")), fmt_p(adjusted[i]) if called else "—", fmt_p(e.get("p_sign")),
+                     verdict(e, adjusted[i]) if called else "secondary: not called"])
     if rows:
         lines += ["", *_table(["variant − baseline", "metric", "mean diff", "95 % CI",
                                "better/worse/ties", "Wilcoxon p", "Holm p", "sign p", "verdict"],
@@ -213,8 +218,12 @@ def render(result: dict) -> str:
                   "lower is better; better/worse/ties count seeds; 95 % CI: Student t interval "
                   "of the mean difference (n − 1 degrees of freedom), for each comparison alone; "
                   "p: exact two-sided tests; Holm p: the Wilcoxon p adjusted by Holm's step-down "
-                  f"method over the {len(rows)} comparison{'s' if len(rows) != 1 else ''} of this "
-                  f"table; verdict: better or worse where Holm p < {ALPHA:g}, \"too few seeds to "
+                  + (f"method over the {len(family)} comparison{'s' if len(family) != 1 else ''} of "
+                     f"{metric_title(primary)}, the metric declared primary (the others are "
+                     "secondary: shown, not called)" if primary else
+                     f"method over the {len(rows)} comparison{'s' if len(rows) != 1 else ''} of this "
+                     "table")
+                  + f"; verdict: better or worse where Holm p < {ALPHA:g}, \"too few seeds to "
                   "tell\" where fewer than 6 seeds differ (the exact tests cannot then reach "
                   f"p < {ALPHA:g}: their smallest p is 2/2^n ≥ 0.0625)."]
 

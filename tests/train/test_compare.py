@@ -257,3 +257,11 @@ def test_validation_split_scores_held_out_training_problems(tmp_path):
         data_lib.validation_examples(lambda *a: pool[:8], "multiplication", 4, pool)
     with pytest.raises(ValueError, match="got 'diabetes': its patients are split once"):
         data_lib.validation_examples(lambda *a: pool, "diabetes", 4, pool)
+
+
+def test_primary_metric_is_one_of_the_tables_metrics(tmp_path, capsys):
+    assert cli.main(["compare", "--losses", "ce", "ntl-was", "--primary-metric", "validation/mape",
+                     "--out", str(tmp_path / "wrong")] + MICRO) == 2
+    assert ("--primary-metric expected one of the table's metrics (test_interpolate/number_accuracy, "
+            in capsys.readouterr().err)
+    assert not os.path.exists(tmp_path / "wrong")

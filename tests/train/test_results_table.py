@@ -392,3 +392,30 @@ def test_also_against_pairs_every_other_loss_with_it_in_one_holm_family():
     result["settings"]["also_against"] = ["dist2"]
     with pytest.raises(results_table.ResultsError, match=r"losses \['ce', 'del', 'ntl-was'\], got \['dist2'\]"):
         results_table.render(result)
+
+
+def test_a_declared_primary_metric_is_the_holm_family_and_the_others_are_not_called():
+    stats = pytest.importorskip("scipy.stats")
+    ce = [0.50, 0.42, 0.61, 0.55, 0.47, 0.58, 0.44, 0.52]
+    shift = {"ntl-was": [0.011, 0.023, 0.017, 0.031, 0.008, 0.026, 0.014, 0.020],   # 8 of 8 up
+             "del": [0.001, -0.0022, 0.003, 0.004, 0.005, -0.0015, 0.0025, 0.006]}
+    lmae = [0.30, 0.35, 0.22, 0.28, 0.33, 0.25, 0.31, 0.27]
+    runs = [{"loss": "ce", "seed": s, "metrics": {ACC: ce[s], LMAE: lmae[s]}} for s in range(8)]
+    runs += [{"loss": loss, "seed": s, "metrics": {ACC: ce[s] + d[s], LMAE: lmae[s] - 0.01 * (s + 1)}}
+             for loss, d in shift.items() for s in range(8)]
+    result = {"command": "c", "runs": runs, "table_metrics": [ACC, LMAE], "primary_metric": ACC,
+              "summary": paired_stats.describe(runs), "settings": {"fused_loss": True}}
+    text = results_table.render(result)
+    d = {loss: np.array([r["metrics"][ACC] for r in runs if r["loss"] == loss]) - ce for loss in shift}
+    p = [stats.wilcoxon(d[loss], method="exact").pvalue for loss in ("ntl-was", "del")]
+    holm = _holm_by_hand(p)  # the two accuracy comparisons alone
+    assert holm[0] == pytest.approx(2 * 2 / 256)
+    for loss, p_one, p_holm, verdict in zip(("ntl-was", "del"), p, holm,
+                                            ("better (Holm p < 0.05)", "not distinguishable from zero")):
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {loss} − ce | {results_table.metric_title(ACC)} ↑ |"))
+        assert row.endswith(f"| {results_table.fmt_p(p_one)} | {results_table.fmt_p(p_holm)} | "
+                            f"{row.split(' | ')[-2]} | {verdict} |"), row
+        # log-MAE lower in every seed (p = 2/256): shown, not adjusted, not called
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {loss} − ce | {results_table.metric_title(LMAE)} ↓ |"))
+        assert f"| 8/0/0 | {results_table.fmt_p(2 / 256)} | — |" in row and row.endswith("| secondary: not called |")
+    assert f"over the 2 comparisons of {results_table.metric_title(ACC)}, the metric declared primary" in text
