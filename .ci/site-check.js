@@ -18,6 +18,11 @@ const pages = [];
   }
 })(site);
 
+if (pages.length < 10) {  // a site that did not build has nothing to fail on
+  console.error(`expected the built site's pages under ${site}, found ${pages.length}`);
+  process.exit(2);
+}
+
 (async () => {
   const browser = await chromium.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
