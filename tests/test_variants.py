@@ -216,6 +216,14 @@ def test_smmd_matches_the_authors_reference(name, options):
         assert not np.any(np.asarray(got)[0, :5])
     # float32: p'Kp - 2 (Kp)_t + K_tt cancels to the loss; its rounding is a few eps of K_tt = 1.
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=2e-6)
+    # Under `jit` the kernel is built on the host for the table as a closure constant, and
+    # in the program for a traced one (the table an argument).
+    jitted = jax.jit(lambda x: ntl_jax.number_token_loss(x, targets, nt, ntl_kind="smmd", weights=weights,
+                                                         **options))(logits)
+    traced = jax.jit(lambda x, table: ntl_jax.number_token_loss(x, targets, table, ntl_kind="smmd",
+                                                                weights=weights, **options))(logits, nt)
+    for other in (jitted, traced):
+        np.testing.assert_allclose(np.asarray(other), want, rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("name", ["digits", "llama"])

@@ -329,8 +329,10 @@ def smmd_support(number_tokens: NumberTokens, xp=jnp):
     "07", "00" (a leading zero), "3.5", "-1" (a point or sign: no digit count), "1000".
     A prefixed piece read with `prefixed_numbers=True` ("Ġ12") counts by its digits."""
     v = xp.asarray(number_tokens.number_values, xp.float32)
-    digits = number_tokens.at_numbers(number_tokens.digit_counts, jnp.int32)
-    digits = xp.asarray(digits) if xp is jnp else np.asarray(digits)
+    if xp is jnp:
+        digits = number_tokens.at_numbers(number_tokens.digit_counts, jnp.int32)
+    else:  # on the host (`at_numbers` would stage a conversion under `jit`)
+        digits = np.asarray(number_tokens.digit_counts)[np.asarray(number_tokens.ids)]
     written = 1 + (v >= 10).astype(xp.int32) + (v >= 100).astype(xp.int32)  # "0" writes one digit
     return (v == xp.floor(v)) & (v >= 0) & (v <= SMMD_MAX_VALUE) & (digits == written)
 
