@@ -340,6 +340,11 @@ def number_token_loss(
       >>> cdf = number_token_loss(logits, jnp.array([[3]]), nt, ntl_kind="was_cdf", reduction="sum")
       >>> float(cdf)  # |.5-0| + |.5-1|
       1.0
+      >>> digits = NumberTokens.from_pieces(["x"] + list("0123456789"))
+      >>> sure_of_2 = jnp.log(jax.nn.one_hot(jnp.array([[3]]), 11) + 1e-30)
+      >>> mmd = number_token_loss(sure_of_2, jnp.array([[1]]), digits, ntl_kind="smmd", smmd_mode="mmd")
+      >>> round(float(mmd[0, 0]), 4)  # r = e_2 - e_0: 2 - 2 exp(-2^2 / 8)
+      0.7869
     """
     return _ntl(logits, targets, number_tokens, kind=ntl_kind, weights=weights, reweigh=reweigh,
                 squash_factor=squash_factor, reduction=reduction, formulation=formulation,
