@@ -98,6 +98,9 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
         distances (None: the authors' 9).
       max_number_length: for `"number_level"` and `"number_level_float"`, the most
         places a number has (None: ntloss's 20), as in `ntl_jax.number_level_loss`.
+      smmd_mode, smmd_sigma, smmd_alpha: for `"smmd"`, its terms, kernel width and
+        smoothness weight (None: the authors'), as in `ntl_jax.number_token_loss`. In gin:
+        `NTLEncoderDecoderModel.smmd_mode = 'mmd'`.
       gce_sigma: Gaussian-smoothed cross-entropy (the paper's GCE baseline): at a
         number target the label is a Gaussian of this width over the number tokens'
         values (`ntl_jax.cross_entropy_and_ntl`); 0 (default) is the stock one-hot.
