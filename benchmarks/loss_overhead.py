@@ -84,7 +84,7 @@ from vocabularies import VOCABS, llama3_number_tokens, llama3_pieces, sample_tar
 
 KINDS = ("was", "mse", "mae", "huber", "number_level")
 # Also accepted by --kinds: NTL's successors, which take no reweigh (no "+rw" variant).
-SUCCESSOR_KINDS = ("del", "dist2")
+SUCCESSOR_KINDS = ("del", "dist2", "smmd")
 USAGES = ("objective", "standalone")
 HBM_FLOOR = "read + write the logits"
 DEFAULT_SHAPES = "8x64x32128,32x128x32128"
@@ -330,7 +330,7 @@ def torch_variants(tokenizer, kinds=KINDS) -> dict[str, Callable]:
         return lambda logits, labels: ce(logits, labels) + NTL_WEIGHT * obj(logits, labels, reduction="sum")
 
     variants = {"ce": ce}
-    for kind in (kind for kind in kinds if kind in KINDS):  # ntloss has neither DEL nor DIST²
+    for kind in (kind for kind in kinds if kind in KINDS):  # ntloss has none of NTL's successors
         for reweigh in (False, True):
             variants[kind + ("+rw" if reweigh else "")] = build(kind, reweigh)
     return variants

@@ -482,9 +482,10 @@ def logits_floor(shape, dtype: str) -> float:
 
 # -- 1. standalone losses ---------------------------------------------------------------------
 
-STANDALONE_KINDS = ("was", "was_cdf", "mse", "mae", "huber", "number_level", "number_level_float", "del", "dist2")
+STANDALONE_KINDS = ("was", "was_cdf", "mse", "mae", "huber", "number_level", "number_level_float", "del", "dist2",
+                    "smmd")
 # NTL's successors have no largest value for reweigh to charge: no "+rw" rows.
-UNBOUNDED_KINDS = ("del", "dist2")
+UNBOUNDED_KINDS = ("del", "dist2", "smmd")
 
 
 def standalone_variants(vocab: str, kinds=None, reweighs=(False, True)) -> dict[str, Callable]:
@@ -543,6 +544,7 @@ OBJECTIVE_SETTINGS = {
     "number_level_float": {"ntl_kind": "number_level_float"},
     "del": {"ntl_kind": "del"},
     "dist2": {"ntl_kind": "dist2"},
+    "smmd": {"ntl_kind": "smmd"},
     "was +rw": {"reweigh": True},
     "was z_loss 1e-4": {"z_loss": 1e-4},
     "was label_smoothing 0.1": {"label_smoothing": 0.1},
@@ -599,6 +601,7 @@ FUSED_SETTINGS = {
     "was": {},
     "mse": {"ntl_kind": "mse"},
     "number_level": {"ntl_kind": "number_level"},
+    "smmd": {"ntl_kind": "smmd"},
     "was +rw": {"reweigh": True},
 }
 

@@ -1,5 +1,5 @@
 """Picks each loss's weight (and GCE's σ) from a validation sweep (`ntl-jax compare
---eval-split validation` with several `--ntl-weight` / `--del-weight` / `--dist2-weight` /
+--eval-split validation` with several `--ntl-weight` / `--del-weight` / `--dist2-weight` / `--smmd-weight` /
 `--gce-sigma` values).
 
     python scripts/pick_weights.py docs/results/sweep_multiplication.json

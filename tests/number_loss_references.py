@@ -4,6 +4,9 @@ the DEL authors' code, not from ours (tests/test_variants.py holds ours against 
 * DEL  - Digit Entropy Loss (Zheng et al., arXiv 2605.20369; GitHub PolyU-VCLab/DEL,
          train-qwen-deepseek.py, functions ``DEL`` and ``generate_place``).
 * DIST2 - DIST^2 loss (Chung et al., arXiv 2503.02379, ICLR 2026), KL(p_d || p_theta).
+* SMMD - Smooth MMD (arXiv 2606.27731, ICML 2026; GitHub Zuozhuo/smmd-loss, ``smmd/``:
+         ``build_integer_vnum_from_tokenizer``, ``build_kernel_matrix``,
+         ``squash_distances``, ``SMMDLoss.forward``).
 
 Conventions
 -----------
@@ -216,3 +219,65 @@ def dist2_per_position(logits_numbers, values, target_value, tau: float = 1.0,
     # p_d > 0 everywhere in exact arithmetic; where it underflows to 0 the term is 0.
     terms = np.where(pd > 0.0, pd * (log_pd - log_q), 0.0)
     return np.sum(terms, axis=-1)
+
+
+# --------------------------------------------------------------------------- SMMD
+def smmd_vnum(pieces: Sequence[str], max_value: int = 999):
+    """(values, token_ids) of V_num as the authors' ``build_integer_vnum_from_tokenizer``
+    probes it: each integer 0..max_value whose decimal string ``str(v)`` is one token (here:
+    one piece), sorted by value. The first id of a piece that occurs twice, as a
+    tokenizer's ``encode`` would give one."""
+    first = {}
+    for i, piece in enumerate(pieces):
+        first.setdefault(piece, i)
+    values = [v for v in range(int(max_value) + 1) if str(v) in first]
+    return np.asarray(values, np.float64), np.asarray([first[str(v)] for v in values], np.int64)
+
+
+def smmd_kernel(values, sigma: float = 2.0, squash_factor: float = 9.0) -> np.ndarray:
+    """The authors' ``build_kernel_matrix`` (VALUE_DISTANCE, gaussian, one sigma)."""
+    v = np.asarray(values, np.float64)
+    dist = np.abs(v[:, None] - v[None, :])
+    if squash_factor is not None and squash_factor > 1.0 and dist.size > 1:  # squash_distances
+        nonzero = dist > 0
+        if nonzero.any():
+            min_nz, max_v = dist[nonzero].min(), dist.max()
+            if max_v > min_nz:
+                scale = (float(squash_factor) - 1.0) / (max_v - min_nz + 1e-10)
+                out = 1.0 + (dist - min_nz) * scale
+                out[dist == 0] = 0.0
+                dist = out
+    return np.clip(np.exp(-(dist ** 2) / (2.0 * float(sigma) ** 2)), 0.0, 1.0)
+
+
+def smmd_per_position(logits, targets, pieces, *, mode: str = "smmd", sigma: float = 2.0,
+                      squash_factor: float = 9.0, alpha: Optional[float] = None, max_value: int = 999):
+    """(loss, counted), each [...]: the authors' ``SMMDLoss.forward`` before its mean, at
+    every position, from the full logits [..., V] and target ids [...]. ``counted``: the
+    target is in V_num (``_numeric_target_mask``); the loss is 0 elsewhere.
+
+    As theirs, r'Kr and r'Dr are expanded with the one-hot q (no r formed)::
+
+        r'Kr = p'Kp + K_tt - 2 (K p)_t,   r'Dr = sum_i deg_i p_i^2 + deg_t (1 - 2 p_t)
+        loss = relu(r'Kr + alpha (r'Dr - r'Kr)),  alpha = 0.5 / mean(deg)  ("auto")
+    """
+    values, ids = smmd_vnum(pieces, max_value)
+    kernel = smmd_kernel(values, sigma, squash_factor)
+    deg = kernel.sum(axis=1)
+    alpha = 0.5 / max(deg.mean(), 1e-12) if alpha is None else float(alpha)
+    targets = np.asarray(targets)
+    index = {int(i): k for k, i in enumerate(ids)}
+    counted = np.vectorize(lambda t: int(t) in index)(targets)
+    y = np.vectorize(lambda t: index.get(int(t), 0))(targets)
+    z = np.asarray(logits, np.float64)[..., ids]
+    p = np.exp(_log_softmax(z, axis=-1))
+    pk = p @ kernel
+    term_pp = np.sum(pk * p, axis=-1)
+    term_qp = np.sum(kernel[y] * p, axis=-1)
+    term_qq = np.diag(kernel)[y]
+    mmd = term_pp + term_qq - 2.0 * term_qp
+    p_t = np.take_along_axis(p, y[..., None], axis=-1)[..., 0]
+    term_dr = np.sum(p * p * deg, axis=-1) + deg[y] * (1.0 - 2.0 * p_t)
+    smooth = term_dr - mmd
+    raw = {"mmd": mmd, "smooth": alpha * smooth, "smmd": mmd + alpha * smooth}[mode]
+    return np.where(counted, np.maximum(raw, 0.0), 0.0), counted

@@ -22,7 +22,7 @@ from tests.grid import long_run  # noqa: E402
 PIECES = ["<pad>", "</s>", "."] + list("0123456789") + [f"w{i}" for i in range(19)]  # 32 tokens
 NT = ntl_jax.NumberTokens.from_pieces(PIECES)
 KINDS = list(variants.KINDS)
-# NTL's successors (DEL, DIST²) have no largest value for reweigh to charge: never reweighed.
+# NTL's successors (DEL, DIST², SMMD) have no largest value for reweigh to charge: never reweighed.
 REWEIGHABLE = [kind for kind in KINDS if variants.VARIANTS[kind].ceiling is not None]
 # Every variant over batch + vocabulary, reweighed or not in turn (reweigh's number mass is
 # one more sum over the vocabulary, the same for every variant); over the batch alone and

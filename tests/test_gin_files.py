@@ -28,7 +28,7 @@ LOSS_FILES = [f for f in GIN_FILES if f.startswith("losses/")]
 # The loss of each earlier experiment file, by its suffix: (NTL_KIND, NTL_WEIGHT).
 EARLIER_LOSSES = {"ce": ("was", 0.0), "ntl_mse": ("mse", 0.3), "ntl_was": ("was", 0.3)}
 # NTL's successors at their authors' weights (docs/guides/losses.md).
-SUCCESSOR_LOSSES = {"del": ("del", 0.003), "dist2": ("dist2", 0.1)}
+SUCCESSOR_LOSSES = {"del": ("del", 0.003), "dist2": ("dist2", 0.1), "smmd": ("smmd", 1.0)}
 # Integer vocab sizes allowed in gin files: T5X's own value in a file that restates T5X's.
 LITERAL_VOCAB_SIZES = {"models/decoder_only_base_ntl.gin": 32128}
 

@@ -19,7 +19,7 @@ NT = NumberTokens.from_pieces(PIECES)
 V = len(PIECES)
 ALL_KINDS = list(ntl_jax._core.variants.KINDS)
 # NTL's successors have no largest value for reweigh to charge.
-UNBOUNDED = ("del", "dist2")
+UNBOUNDED = ("del", "dist2", "smmd")
 # (kind, reweigh): each kind plain, and reweighed where it can be.
 KIND_REWEIGH = [(kind, reweigh) for kind in ALL_KINDS for reweigh in (False, True)
                 if not (reweigh and kind in UNBOUNDED)]
@@ -311,7 +311,7 @@ def test_vmap_equals_a_loop(kind):
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"reduction": "avg"}, ValueError, "reduction in.*'avg'"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"ntl_kind": "l3"}, ValueError, "kind in.*'l3'"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"ntl_kind": "mse", "squash_factor": 2.0}, ValueError,
-         "squash_factor applies only to ntl_kind='was'"),
+         r"squash_factor applies only to ntl_kind in \('was', 'smmd'\), got ntl_kind='mse'"),
     ],
 )
 def test_bad_input_names_expected_and_actual(logits, targets, kwargs, error, message):

@@ -676,3 +676,18 @@ def test_max_number_length_reaches_the_model_loss():
     assert abs(float(capped.loss) - float(plain.loss)) > 1e-3  # numbers of 2+ digits: the cap changes it
     with pytest.raises(ValueError, match="max_number_length applies only to ntl_kind in"):
         fake_model(ntl_kind="was", max_number_length=3)
+
+
+def test_smmd_options_reach_the_model_loss():
+    batch, logits = make_batch(False, seed=27), make_logits(27)
+    factor = "NUM_REAL_TARGET_TOKENS"
+    options = dict(ntl_kind="smmd", smmd_mode="mmd", smmd_sigma=1, squash_factor=3)  # gin may bind integers
+    loss, _ = fake_model(loss_normalizing_factor=factor, **options).loss_fn({"logits": logits}, batch, None)
+    want, _ = ntl_jax.cross_entropy_and_ntl(logits, batch["decoder_target_tokens"], NT,
+                                            weights=batch["decoder_loss_weights"], loss_normalizing_factor=factor,
+                                            **options)
+    default, _ = fake_model(ntl_kind="smmd", loss_normalizing_factor=factor).loss_fn({"logits": logits}, batch, None)
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
+    assert abs(float(loss) - float(default)) > 1e-4
+    with pytest.raises(ValueError, match="smmd_mode applies only to ntl_kind='smmd', got ntl_kind='was'"):
+        fake_model(ntl_kind="was", smmd_mode="mmd")

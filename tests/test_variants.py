@@ -1,7 +1,7 @@
 """Every number loss against its plain reference (`variants.Variant.reference`: an
 explicit softmax over the number columns) in every formulation of the number
-statistics, values and gradients; NTL's successors DEL and DIST² against numpy
-references written from their papers and the DEL authors' code
+statistics, values and gradients; NTL's successors DEL, DIST² and SMMD against numpy
+references written from their papers and the DEL and SMMD authors' code
 (tests/number_loss_references.py); their place weights, multi-digit tokens, decimal
 points, 16-bit logits, extreme logits, no number token, and the objective."""
 
@@ -176,10 +176,150 @@ def test_dist2_hand_computed_values():
     np.testing.assert_allclose(np.asarray(got)[0], [1.231137, 0.0], atol=2e-6)
 
 
-# -- both --------------------------------------------------------------------------------
+# -- SMMD --------------------------------------------------------------------------------
+# A LLaMA-3-like table: "0".."999" one token each, and number tokens that are not in
+# SMMD's support (a leading zero, "1000", a sign, a point).
+LLAMA_PIECES = ["<pad>", "</s>", "x", "."] + [str(v) for v in range(1000)] + ["07", "00", "1000", "-1", "3.5", "y"]
+LLAMA = NumberTokens.from_pieces(LLAMA_PIECES, digit_level=False)
+SMMD_TABLES = {"digits": (DIGITS, PIECES), "wide": (WIDE, None), "llama": (LLAMA, LLAMA_PIECES)}
 
 
-@pytest.mark.parametrize("kind", ["del", "dist2"])
+def smmd_inputs(name, seed):
+    nt, pieces = SMMD_TABLES[name]
+    logits, targets, weights = inputs(nt, seed)
+    if name == "llama":  # a few targets off SMMD's support: not counted
+        targets = targets.at[0, :5].set(jnp.asarray([LLAMA_PIECES.index(p) for p in ("07", "00", "1000", "-1", "3.5")]))
+    return nt, pieces, logits, targets, weights
+
+
+def smmd_reference(logits, targets, weights, pieces, **options):
+    """The authors' per-position SMMD (numpy, float64) x weight, 0 at ignored positions."""
+    keep = (np.asarray(weights) > 0) & (np.asarray(targets) >= 0) & (np.asarray(targets) < logits.shape[-1])
+    z = np.where(keep[..., None], np.nan_to_num(np.asarray(logits, np.float64)), 0.0)
+    loss, counted = ref.smmd_per_position(z, np.where(keep, targets, 0), pieces, **options)
+    return np.where(keep & counted, loss * np.asarray(weights), 0.0)
+
+
+SMMD_OPTIONS = [dict(), dict(smmd_mode="mmd"), dict(smmd_mode="smooth"),
+                dict(smmd_sigma=0.7, squash_factor=3.0, smmd_alpha=0.4)]
+
+
+@pytest.mark.parametrize("options", SMMD_OPTIONS, ids=["default", "mmd", "smooth", "sigma-squash-alpha"])
+@pytest.mark.parametrize("name", ["digits", "llama"])
+def test_smmd_matches_the_authors_reference(name, options):
+    nt, pieces, logits, targets, weights = smmd_inputs(name, seed=19)
+    got = ntl_jax.number_token_loss(logits, targets, nt, ntl_kind="smmd", weights=weights, **options)
+    want = smmd_reference(logits, targets, weights, pieces,
+                          **{k.removeprefix("smmd_"): v for k, v in options.items()})
+    assert np.count_nonzero(want) > 10
+    if name == "llama":  # off the support: not counted
+        assert not np.any(np.asarray(got)[0, :5])
+    # float32: p'Kp - 2 (Kp)_t + K_tt cancels to the loss; its rounding is a few eps of K_tt = 1.
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=2e-6)
+    # Under `jit` the kernel is built on the host for the table as a closure constant, and
+    # in the program for a traced one (the table an argument).
+    jitted = jax.jit(lambda x: ntl_jax.number_token_loss(x, targets, nt, ntl_kind="smmd", weights=weights,
+                                                         **options))(logits)
+    traced = jax.jit(lambda x, table: ntl_jax.number_token_loss(x, targets, table, ntl_kind="smmd",
+                                                                weights=weights, **options))(logits, nt)
+    for other in (jitted, traced):
+        np.testing.assert_allclose(np.asarray(other), want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", ["digits", "llama"])
+def test_smmd_gradient_matches_the_authors_reference(name):
+    """The gradient against central differences of the float64 reference: positions are
+    independent, so one difference per column of the logits gives that column at every
+    position (on the LLaMA-like table a sample of columns, those off the support too)."""
+    nt, pieces, logits, targets, weights = smmd_inputs(name, seed=23)
+    logits = jnp.nan_to_num(logits)
+    grad = jax.grad(lambda x: ntl_jax.number_token_loss(x, targets, nt, ntl_kind="smmd", weights=weights,
+                                                        reduction="sum"))(logits)
+    vocab = logits.shape[-1]
+    columns = np.arange(vocab)
+    if name == "llama":
+        rng = np.random.default_rng(0)
+        off = [LLAMA_PIECES.index(p) for p in ("07", "00", "1000", "-1", "3.5", "x")]
+        columns = np.concatenate([rng.choice(vocab, 40, replace=False), off])
+    x, h = np.asarray(logits, np.float64), 1e-5
+    for c in columns:
+        up, down = x.copy(), x.copy()
+        up[..., c] += h
+        down[..., c] -= h
+        want = (smmd_reference(up, targets, weights, pieces) - smmd_reference(down, targets, weights, pieces)) / (2 * h)
+        np.testing.assert_allclose(np.asarray(grad)[..., c], want, rtol=1e-4, atol=1e-6, err_msg=f"column {c}")
+
+
+def test_smmd_reference_is_the_quadratic_forms_written_out():
+    """The reference's expansion (the authors') equals r'Kr + alpha r'(D - K)r with r,
+    K and D formed explicitly, on small random tables and logits."""
+    rng = np.random.default_rng(29)
+    for trial in range(20):
+        values = sorted(rng.choice(1000, size=rng.integers(2, 12), replace=False))
+        pieces = ["<pad>"] + [str(v) for v in rng.permutation(values)] + ["x"]
+        logits = rng.standard_normal((4, len(pieces))) * 3
+        targets = rng.choice([pieces.index(str(v)) for v in values], 4)
+        sigma, squash = rng.uniform(0.5, 4.0), rng.uniform(1.5, 12.0)
+        ids = [pieces.index(str(v)) for v in values]
+        v = np.asarray(values, np.float64)
+        d = np.abs(v[:, None] - v[None, :])
+        nonzero = d[d > 0]
+        if nonzero.max() > nonzero.min():
+            d = np.where(d > 0, 1 + (d - nonzero.min()) * (squash - 1) / (d.max() - nonzero.min()), 0.0)
+        K = np.exp(-d ** 2 / (2 * sigma ** 2))
+        D = np.diag(K.sum(axis=1))
+        alpha = 1 / (2 * K.sum(axis=1).mean())
+        for mode in ("smmd", "mmd", "smooth"):
+            got, counted = ref.smmd_per_position(logits, targets, pieces, mode=mode, sigma=sigma, squash_factor=squash)
+            assert counted.all()
+            for i in range(4):
+                p = np.exp(logits[i, ids] - logits[i, ids].max())
+                p /= p.sum()
+                r = p - np.eye(len(values))[ids.index(targets[i])]
+                mmd, smooth = r @ K @ r, r @ (D - K) @ r
+                want = {"smmd": mmd + alpha * smooth, "mmd": mmd, "smooth": alpha * smooth}[mode]
+                np.testing.assert_allclose(got[i], max(want, 0.0), rtol=1e-9, atol=1e-12)
+
+
+def test_smmd_support_and_kernel_of_a_multi_digit_table():
+    support, kernel, alpha = variants.smmd_kernel(LLAMA)
+    values = np.asarray(LLAMA.number_values)
+    assert sorted(values[np.asarray(support)].tolist()) == list(range(1000))  # "07", "00", "1000", "-1", "3.5" not
+    assert not np.any(np.asarray(kernel)[~np.asarray(support)])
+    want = ref.smmd_kernel(np.arange(1000))
+    order = np.argsort(np.where(np.asarray(support), values, np.inf))[:1000]
+    np.testing.assert_allclose(np.asarray(kernel)[np.ix_(order, order)], want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(float(alpha), 0.5 / want.sum(axis=1).mean(), rtol=1e-6)
+    # On digits squashing to [1, 9] changes nothing: K_ij = exp(-(i - j)^2 / 8).
+    support, kernel, alpha = variants.smmd_kernel(DIGITS)
+    digits = np.asarray(DIGITS.number_values)
+    np.testing.assert_allclose(np.asarray(kernel), np.exp(-(digits[:, None] - digits[None, :]) ** 2 / 8), rtol=1e-6)
+
+
+def test_smmd_hand_computed_at_point_masses():
+    # Sure of digit k, target 0: r = e_k - e_0, so r'Kr = 2 - 2 K_0k (growing with k) and
+    # r'(D - K)r = deg_0 + deg_k - 2 + 2 K_0k, K_ij = exp(-(i - j)^2 / 8). The smoothness
+    # term is largest for middle digits (most neighbours), so SMMD is not monotone in k.
+    logits = np.full((1, 10, len(PIECES)), -30.0, np.float32)
+    for k in range(10):
+        logits[0, k, PIECES.index(str(k))] = 30.0
+    targets = jnp.full((1, 10), PIECES.index("0"))
+    k = np.arange(10)
+    kernel = np.exp(-(k[:, None] - k[None, :]) ** 2 / 8)
+    degree = kernel.sum(axis=1)
+    alpha = 0.5 / degree.mean()
+    mmd = 2 - 2 * kernel[0]
+    smooth = np.where(k > 0, degree[0] + degree - 2 + 2 * kernel[0], 0.0)
+    for mode, want in (("mmd", mmd), ("smooth", alpha * smooth), ("smmd", mmd + alpha * smooth)):
+        got = ntl_jax.number_token_loss(jnp.asarray(logits), targets, DIGITS, ntl_kind="smmd", smmd_mode=mode)
+        np.testing.assert_allclose(np.asarray(got)[0], want, rtol=1e-5, atol=1e-6)
+    assert np.all(np.diff(mmd) > 0)
+
+
+# -- every successor ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["del", "dist2", "smmd"])
 def test_gradients_match_finite_differences(kind):
     logits, targets, weights = inputs(DIGITS, seed=7, scale=1.0)
     f = functools.partial(ntl_jax.number_token_loss, targets=targets, number_tokens=DIGITS, ntl_kind=kind,
@@ -188,7 +328,7 @@ def test_gradients_match_finite_differences(kind):
 
 
 @pytest.mark.parametrize("formulation", FORMULATIONS)
-@pytest.mark.parametrize("kind", ["del", "dist2"])
+@pytest.mark.parametrize("kind", ["del", "dist2", "smmd"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_16_bit_logits_compute_in_float32(kind, dtype, formulation):
     logits, targets, weights = inputs(DIGITS, seed=9)
@@ -207,7 +347,7 @@ def test_16_bit_logits_compute_in_float32(kind, dtype, formulation):
                                atol=float(jnp.finfo(dtype).smallest_subnormal) / 2)
 
 
-@pytest.mark.parametrize("kind", ["del", "dist2"])
+@pytest.mark.parametrize("kind", ["del", "dist2", "smmd"])
 @pytest.mark.parametrize("scale", [1e4, -1e4])
 def test_finite_at_extreme_logits(kind, scale):
     logits, targets, weights = inputs(DIGITS, seed=11)
@@ -218,7 +358,7 @@ def test_finite_at_extreme_logits(kind, scale):
         assert np.isfinite(float(value)) and np.isfinite(np.asarray(grad)).all()
 
 
-@pytest.mark.parametrize("kind", ["del", "dist2"])
+@pytest.mark.parametrize("kind", ["del", "dist2", "smmd"])
 def test_no_number_token_gives_exact_zero_and_reweigh_is_refused(kind):
     logits, _, _ = inputs(DIGITS, seed=13)
     targets = jnp.full((B, L), PIECES.index("x"))
@@ -231,7 +371,7 @@ def test_no_number_token_gives_exact_zero_and_reweigh_is_refused(kind):
         ntl_jax.cross_entropy_and_ntl(logits, targets, DIGITS, ntl_kind=kind, reweigh=True)
 
 
-@pytest.mark.parametrize("kind", ["del", "dist2"])
+@pytest.mark.parametrize("kind", ["del", "dist2", "smmd"])
 def test_objective_and_fused_head(kind):
     """`cross_entropy_and_ntl`'s NTL part is the per-token loss under the same weights
     and factor; the fused head gives the same loss and gradients."""

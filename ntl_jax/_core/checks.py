@@ -25,6 +25,8 @@ from ntl_jax._core.number_stats import FORMULATIONS
 from ntl_jax._core.number_tokens import NumberTokens, check_squash_factor  # noqa: F401
 
 REDUCTIONS = ("none", "sum", "mean")
+# The kinds that take `squash_factor`: NTL-WAS's distances, SMMD's kernel's.
+SQUASHED_KINDS = ("was", "smmd")
 # At most this many offending targets are named in `check_targets`' eager error.
 _SHOWN_TARGETS = 5
 
@@ -378,8 +380,26 @@ def check_kind(kind, squash_factor=None, name: str = "ntl_kind") -> None:
             raise ValueError(expected)
     elif not (isinstance(kind, variants.Variant) or callable(kind)):
         raise ValueError(expected)
-    if squash_factor is not None and kind != "was":
-        raise ValueError(f"squash_factor applies only to {name}='was', got {name}={kind!r}")
+    if squash_factor is not None and kind not in SQUASHED_KINDS:
+        raise ValueError(f"squash_factor applies only to {name} in {SQUASHED_KINDS}, got {name}={kind!r}")
+
+
+def check_smmd_options(kind, smmd_mode=None, smmd_sigma=None, smmd_alpha=None, name: str = "ntl_kind") -> None:
+    """Raises unless SMMD's options are None (the authors' defaults) or valid, and given
+    only with `kind="smmd"`: `smmd_mode` one of `variants.SMMD_MODES`, `smmd_sigma` > 0,
+    `smmd_alpha` >= 0 (Python numbers: they build the kernel on the host)."""
+    given = [option for option, value in (("smmd_mode", smmd_mode), ("smmd_sigma", smmd_sigma),
+                                          ("smmd_alpha", smmd_alpha)) if value is not None]
+    if given and kind != "smmd":
+        raise ValueError(f"{', '.join(given)} applies only to {name}='smmd', got {name}={kind!r}")
+    if smmd_mode is not None and smmd_mode not in variants.SMMD_MODES:
+        raise ValueError(f"expected smmd_mode in {variants.SMMD_MODES}, got {smmd_mode!r}")
+    for option, value, low_inclusive in (("smmd_sigma", smmd_sigma, False), ("smmd_alpha", smmd_alpha, True)):
+        if value is None:
+            continue
+        if is_traced(value) or hasattr(value, "shape"):
+            raise TypeError(f"expected {option} to be a Python number, got {type(value).__name__}")
+        check_real(option, value, low=0.0, low_inclusive=low_inclusive)
 
 
 def check_formulation(formulation) -> None:
@@ -397,7 +417,7 @@ def check_objective(number_tokens: NumberTokens, options, targets, loss_normaliz
                     decoder_positions) -> None:
     """The objective's checks beyond its arrays' (`options` was checked when made): the
     table against the options, the factor and the packing features."""
-    if options.squash_factor is not None:
+    if options.squash_factor is not None and options.ntl_kind == "was":
         number_tokens.check_squashable()
     check_segments(targets, decoder_segment_ids, decoder_positions)
     check_loss_normalizing_factor(loss_normalizing_factor)

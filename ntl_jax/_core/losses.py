@@ -7,7 +7,7 @@ numbers as the authors' PyTorch package `ntloss` 0.3.2 (`NTLoss`, `NTLossDotProd
 host synchronisation, so they run under `jit`, `vmap`, `grad` and sharding. NTL-WAS-CDF
 (`kind="was_cdf"`) and the Gaussian label (`cross_entropy_and_ntl(gce_sigma=...)`), which
 ntloss lacks, follow the authors' paper code (tum-ai/number-token-loss); NTL's
-successors DEL (`"del"`) and DIST² (`"dist2"`) follow their papers (see
+successors DEL (`"del"`), DIST² (`"dist2"`) and SMMD (`"smmd"`) follow their papers (see
 `number_token_loss`). What each loss computes is written in `variants.py`.
 
 Conventions (optax style): arrays first, options keyword-only. `logits` is
@@ -60,26 +60,29 @@ DotLoss = Literal["mse", "mae", "huber"]
 _EPS = float(jnp.finfo(jnp.float32).eps)
 
 
-def _checked_variant(kind, *, squash_factor, max_number_length):
+def _checked_variant(kind, *, squash_factor, max_number_length, smmd=None):
     """The `Variant` that `kind` and its options name, each option checked (the table
-    against `squash_factor` is the caller's to check, once the table is)."""
+    against `squash_factor` is the caller's to check, once the table is); `smmd`: the
+    dict of SMMD's options, `smmd_mode`, `smmd_sigma`, `smmd_alpha`."""
     checks.check_squash_factor(squash_factor)
     checks.check_kind(kind, squash_factor)
+    smmd = smmd or {}
+    checks.check_smmd_options(kind, **smmd)
     if max_number_length is not None:
         max_number_length = checks.check_max_number_length(max_number_length)
-    return variants.variant_of(kind, squash_factor=squash_factor, max_number_length=max_number_length)
+    return variants.variant_of(kind, squash_factor=squash_factor, max_number_length=max_number_length, **smmd)
 
 
 def _ntl(logits, targets, number_tokens, *, kind, weights, reweigh, squash_factor, reduction, formulation,
-         max_number_length=None):
+         max_number_length=None, smmd=None):
     """Every public loss: checks once, then the labels, the head's statistics, the
     variant's loss, the reduction."""
     checks.check_reduction(reduction)
     checks.check_bool("reweigh", reweigh)
-    variant = _checked_variant(kind, squash_factor=squash_factor, max_number_length=max_number_length)
+    variant = _checked_variant(kind, squash_factor=squash_factor, max_number_length=max_number_length, smmd=smmd)
     checks.check_formulation(formulation)
     weights = checks.check_logits_and_targets(logits, targets, number_tokens, weights)
-    if squash_factor is not None:
+    if squash_factor is not None and kind == "was":  # SMMD's squash needs no third value
         number_tokens.check_squashable()
     if reweigh and variant.ceiling is None:
         raise ValueError(f"expected reweigh=False with ntl_kind={kind!r}, which has no largest value to charge "
@@ -286,11 +289,14 @@ def number_token_loss(
     reduction: Reduction = "none",
     formulation: str = "auto",
     max_number_length: int | None = None,
+    smmd_mode: str | None = None,
+    smmd_sigma: float | None = None,
+    smmd_alpha: float | None = None,
 ) -> jax.Array:
     """Any number loss by name: `ntl_kind` in `"was"`, `"mse"`, `"mae"`, `"huber"`,
     `"number_level"`, `"number_level_float"`, `"was_cdf"` (against the one-hot label;
     its Gaussian-smoothed label comes with `cross_entropy_and_ntl(gce_sigma=...)`),
-    `"del"`, `"dist2"`, or a loss function `(prediction, target) -> loss` (as
+    `"del"`, `"dist2"`, `"smmd"`, or a loss function `(prediction, target) -> loss` (as
     `ntl_dot`'s); the same name as `cross_entropy_and_ntl`'s and the T5X models'
     `ntl_kind`. Each is written, beside a plain reference, in `ntl_jax/_core/variants.py`.
 
@@ -307,10 +313,22 @@ def number_token_loss(
     - `"dist2"`, DIST² (Chung et al., arXiv 2503.02379): `KL(q || p)` with
       `q_j ∝ exp(-(v_j - y)^2 / tau)` over the number tokens, tau = 1; the authors weigh
       it by 0.1 next to CE.
+    - `"smmd"`, SMMD, Smooth MMD (arXiv 2606.27731; the authors' `SMMDLoss`):
+      `relu(r'Kr + alpha r'(D - K)r)` with `r = p - onehot(y)`, `p` the softmax over
+      SMMD's number tokens, `K_ij = exp(-d'(v_i, v_j)^2 / (2 sigma^2))` (`d'` the value
+      distance squashed so the closest pair is 1 apart and the farthest
+      `squash_factor`), `D = diag(sum_j K_ij)`; computed from one product `K p` per
+      position (`N^2` multiply-adds), never `p p'`. Its number tokens are the authors':
+      integers 0..999 written alone, without a leading zero (`variants.smmd_support`):
+      a multi-digit table's "07", "-1", "3.5", "1000" are left out of its softmax, and
+      a position whose target is one of them is not counted. Options, None for the
+      authors' defaults: `smmd_mode` `"smmd"` (both terms, the default), `"mmd"`
+      (r'Kr) or `"smooth"` (alpha r'(D - K)r); `smmd_sigma` (2); `squash_factor` (9;
+      on digits squashing changes nothing); `smmd_alpha` (`1 / (2 mean_i sum_j K_ij)`).
 
-    Neither has a largest value, so neither takes `reweigh`.
+    None has a largest value, so none takes `reweigh`.
     Other arguments as in `ntl_was` (`formulation` and `max_number_length` as in
-    `cross_entropy_and_ntl`); as
+    `cross_entropy_and_ntl`; `squash_factor` with `"was"` or `"smmd"`); as
     there, the default `reduction="none"` returns
     the per-position `[batch, length]` array, not a scalar: pass `"mean"` or `"sum"`
     for a loss to differentiate.
@@ -322,10 +340,16 @@ def number_token_loss(
       >>> cdf = number_token_loss(logits, jnp.array([[3]]), nt, ntl_kind="was_cdf", reduction="sum")
       >>> float(cdf)  # |.5-0| + |.5-1|
       1.0
+      >>> digits = NumberTokens.from_pieces(["x"] + list("0123456789"))
+      >>> sure_of_2 = jnp.log(jax.nn.one_hot(jnp.array([[3]]), 11) + 1e-30)
+      >>> mmd = number_token_loss(sure_of_2, jnp.array([[1]]), digits, ntl_kind="smmd", smmd_mode="mmd")
+      >>> round(float(mmd[0, 0]), 4)  # r = e_2 - e_0: 2 - 2 exp(-2^2 / 8)
+      0.7869
     """
     return _ntl(logits, targets, number_tokens, kind=ntl_kind, weights=weights, reweigh=reweigh,
                 squash_factor=squash_factor, reduction=reduction, formulation=formulation,
-                max_number_length=max_number_length)
+                max_number_length=max_number_length,
+                smmd=dict(smmd_mode=smmd_mode, smmd_sigma=smmd_sigma, smmd_alpha=smmd_alpha))
 
 
 def ntl_from_number_logits(
@@ -338,6 +362,9 @@ def ntl_from_number_logits(
     squash_factor: float | None = None,
     max_number_length: int | None = None,
     reduction: Reduction = "none",
+    smmd_mode: str | None = None,
+    smmd_sigma: float | None = None,
+    smmd_alpha: float | None = None,
 ) -> jax.Array:
     """`number_token_loss` from the number tokens' logits alone, `[batch, length, N]`.
 
@@ -354,8 +381,9 @@ def ntl_from_number_logits(
         `number_tokens.ids[j]`.
       targets: `[batch, length]` integer token ids of the whole vocabulary. Ids outside
         `[0, number_tokens.vocab_size)` are no numbers.
-      number_tokens, ntl_kind, weights, squash_factor, reduction: as in
-        `number_token_loss`; `max_number_length` as in `cross_entropy_and_ntl`.
+      number_tokens, ntl_kind, weights, squash_factor, reduction, smmd_mode, smmd_sigma,
+        smmd_alpha: as in `number_token_loss`; `max_number_length` as in
+        `cross_entropy_and_ntl`.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -365,10 +393,11 @@ def ntl_from_number_logits(
       1.5
     """
     checks.check_reduction(reduction)
-    variant = _checked_variant(ntl_kind, squash_factor=squash_factor, max_number_length=max_number_length)
+    variant = _checked_variant(ntl_kind, squash_factor=squash_factor, max_number_length=max_number_length,
+                               smmd=dict(smmd_mode=smmd_mode, smmd_sigma=smmd_sigma, smmd_alpha=smmd_alpha))
     checks.check_number_tokens(number_tokens)
     weights = checks.check_number_logits_and_targets(number_logits, targets, number_tokens, weights)
-    if squash_factor is not None:
+    if squash_factor is not None and ntl_kind == "was":
         number_tokens.check_squashable()
     target = number_target(targets, weights, number_tokens.vocab_size, number_tokens)
     # Ignored positions read zeros: whatever their logits hold reaches no value or gradient.

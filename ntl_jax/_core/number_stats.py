@@ -44,7 +44,7 @@ from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.targets import NumberTarget, number_ranks
 
 FORMULATIONS = ("columns", "gathered", "reductions")
-# For `probs` the reductions path takes each number token's column as a masked sum over
+# For `probs` (or `columns`) the reductions path takes each number token's column as a masked sum over
 # the vocabulary (its gradient a select), each adding a compare, a select and an add
 # per element of the logits; beyond this many number tokens it gathers the columns.
 _COLUMNS_BY_REDUCTION_MAX = 32
@@ -79,15 +79,18 @@ class NumberReads(NamedTuple):
     """What a computation needs of the number tokens' logits: `means`, functions
     `f(columns, target, number_tokens)` whose expectation under `p` it reads; `sums`,
     functions `w(columns, target, number_tokens)` of the target alone whose weighted sum of the logits
-    `sum_j w_j z_j` it reads; `probs`, whether it reads `p` itself."""
+    `sum_j w_j z_j` it reads; `probs`, whether it reads `p` itself; `columns`, whether
+    it reads the number tokens' logits `z` themselves (a softmax over some of them)."""
 
     means: tuple = ()
     sums: tuple = ()
     probs: bool = False
+    columns: bool = False
 
     def __or__(self, other: NumberReads) -> NumberReads:
         return NumberReads(tuple(dict.fromkeys(self.means + other.means)),
-                           tuple(dict.fromkeys(self.sums + other.sums)), self.probs or other.probs)
+                           tuple(dict.fromkeys(self.sums + other.sums)), self.probs or other.probs,
+                           self.columns or other.columns)
 
 
 class NumberStats(NamedTuple):
@@ -98,7 +101,8 @@ class NumberStats(NamedTuple):
     - `exp_sum`: `sum_j exp(z_j - shift)`, so `log_normalizer = shift + log(exp_sum)`;
     - `means`: `{f: sum_j p_j f_j}` for the functions read;
     - `sums`: `{w: sum_j w_j z_j}`;
-    - `probs`: `p`, `[batch, length, N]`, or None.
+    - `probs`: `p`, `[batch, length, N]`, or None;
+    - `columns`: `z`, `[batch, length, N]` (0 at ignored positions), or None.
     """
 
     shift: jax.Array
@@ -106,6 +110,7 @@ class NumberStats(NamedTuple):
     means: dict
     sums: dict
     probs: jax.Array | None = None
+    columns: jax.Array | None = None
 
     @property
     def log_normalizer(self):
@@ -129,12 +134,12 @@ def number_stats(wide, target: NumberTarget, number_tokens: NumberTokens, reads:
             default=functools.partial(compute, formulation="reductions"))
     else:
         out = compute(wide, logits, target, formulation=formulation)
-    shift, exp_sum, means, sums, probs = out
-    return NumberStats(shift, exp_sum, dict(zip(reads.means, means)), dict(zip(reads.sums, sums)), probs)
+    shift, exp_sum, means, sums, probs, columns = out
+    return NumberStats(shift, exp_sum, dict(zip(reads.means, means)), dict(zip(reads.sums, sums)), probs, columns)
 
 
 def _by_formulation(wide, logits, target, *, formulation, number_tokens, reads):
-    """`(shift, exp_sum, means, sums, probs)` with `means` and `sums` as tuples in the
+    """`(shift, exp_sum, means, sums, probs, columns)` with `means` and `sums` as tuples in the
     order of `reads` (a pytree `platform_dependent` can return)."""
     if formulation == "columns":
         # The CPU's columns come from the widened logits: gathered from 16-bit ones, the
@@ -149,8 +154,8 @@ def _by_formulation(wide, logits, target, *, formulation, number_tokens, reads):
 def from_columns(columns, target: NumberTarget, number_tokens: NumberTokens, reads: NumberReads) -> NumberStats:
     """`NumberStats` from the number tokens' logits `[batch, length, N]` float32, 0 at
     ignored positions (the fused head's path)."""
-    shift, exp_sum, means, sums, probs = _from_columns(columns, target, number_tokens, reads)
-    return NumberStats(shift, exp_sum, dict(zip(reads.means, means)), dict(zip(reads.sums, sums)), probs)
+    shift, exp_sum, means, sums, probs, columns = _from_columns(columns, target, number_tokens, reads)
+    return NumberStats(shift, exp_sum, dict(zip(reads.means, means)), dict(zip(reads.sums, sums)), probs, columns)
 
 
 def _from_columns(columns, target, number_tokens, reads):
@@ -161,7 +166,7 @@ def _from_columns(columns, target, number_tokens, reads):
     at = _number_columns(number_tokens, columns)
     means = tuple(jnp.sum(probs * f(at, target, number_tokens), axis=-1) for f in reads.means)
     sums = tuple(jnp.sum(w(at, target, number_tokens) * columns, axis=-1) for w in reads.sums)
-    return shift, exp_sum, means, sums, probs if reads.probs else None
+    return shift, exp_sum, means, sums, probs if reads.probs else None, columns if reads.columns else None
 
 
 def _number_columns(number_tokens: NumberTokens, logits) -> Columns:
@@ -221,12 +226,12 @@ def _slots(number_tokens: NumberTokens, vocab: int):
 
 
 def _from_reductions(wide, logits, target, number_tokens, reads):
-    """Masked reductions over the vocabulary (see the module docstring). `probs` needs
-    every column: they are taken as one masked sum each (up to
+    """Masked reductions over the vocabulary (see the module docstring). `probs` and
+    `columns` need every column: they are taken as one masked sum each (up to
     `_COLUMNS_BY_REDUCTION_MAX` number tokens, else gathered), and everything follows
     from them as on the columns path."""
     keep = target.keep
-    if reads.probs:
+    if reads.probs or reads.columns:
         n = int(np.shape(number_tokens.ids)[0])
         if n > _COLUMNS_BY_REDUCTION_MAX:
             columns = take_columns(wide, keep, number_tokens, logits)
@@ -244,7 +249,7 @@ def _from_reductions(wide, logits, target, number_tokens, reads):
     at = tables._replace(logit=wide)
     sums = tuple(jnp.sum(jnp.where(keep[..., None] & is_number, w(at, target, number_tokens) * wide, 0.0), axis=-1)
                  for w in reads.sums)
-    return jnp.where(keep, shift, 0.0), exp_sum, means, sums, None
+    return jnp.where(keep, shift, 0.0), exp_sum, means, sums, None, None
 
 
 def _masked_columns(wide, keep, number_tokens: NumberTokens):

@@ -46,6 +46,9 @@ def cross_entropy_and_ntl(
     decoder_positions=None,
     formulation: str = "auto",
     max_number_length: int | None = None,
+    smmd_mode: str | None = None,
+    smmd_sigma: float | None = None,
+    smmd_alpha: float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The paper's training objective `CE + ntl_weight * NTL`, with T5X's weighting.
 
@@ -74,12 +77,13 @@ def cross_entropy_and_ntl(
         factor.
       ntl_kind: the NTL variant: `"was"` (the paper's default),
         `"mse"`, `"mae"`, `"huber"`, `"number_level"`, `"number_level_float"`,
-        `"was_cdf"`, or NTL's successors `"del"` (DEL) and `"dist2"` (DIST²), see
+        `"was_cdf"`, or NTL's successors `"del"` (DEL), `"dist2"` (DIST²) and `"smmd"` (SMMD), see
         `number_token_loss`; a function `(prediction, target) -> loss` for NTL-L_p with that
         loss (see `ntl_dot`); or `"none"` for cross-entropy without computing NTL.
       ntl_weight: lambda, 0.3 in the paper.
       reweigh: see `ntl_was`; the paper does not reweigh (ntloss defaults to True).
-      squash_factor: see `ntl_was`; only with `ntl_kind="was"`.
+      squash_factor: see `ntl_was`; only with `ntl_kind="was"` or `"smmd"` (see
+        `number_token_loss`).
       label_smoothing, z_loss: as T5X's cross-entropy.
       gce_sigma: Gaussian-smoothed cross-entropy (GCE), the paper's baseline: at a
         number target of value `y` the label is `q_j ~ exp(-(v_j - y)^2 / (2
@@ -101,6 +105,8 @@ def cross_entropy_and_ntl(
         the compiled program moves differs (docs/performance.md).
       max_number_length: with `ntl_kind="number_level"` or `"number_level_float"`, the
         most places a number has (None: ntloss's 20), see `number_level_loss`.
+      smmd_mode, smmd_sigma, smmd_alpha: with `ntl_kind="smmd"`, SMMD's terms, kernel
+        width and smoothness weight (None: the authors' defaults), see `number_token_loss`.
 
     Returns:
       `(loss, parts)`: the scalar loss to differentiate, and a dict of float32
@@ -124,7 +130,8 @@ def cross_entropy_and_ntl(
     """
     options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
                       label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma, formulation=formulation,
-                      max_number_length=max_number_length)
+                      max_number_length=max_number_length, smmd_mode=smmd_mode, smmd_sigma=smmd_sigma,
+                      smmd_alpha=smmd_alpha)
     weights = checks.check_logits_and_targets(logits, targets, number_tokens, weights)
     checks.check_objective(number_tokens, options, targets, loss_normalizing_factor, decoder_segment_ids,
                            decoder_positions)
@@ -161,6 +168,9 @@ def fused_cross_entropy_and_ntl(
     sequence_parallel: bool = False,
     mesh=None,
     max_number_length: int | None = None,
+    smmd_mode: str | None = None,
+    smmd_sigma: float | None = None,
+    smmd_alpha: float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`cross_entropy_and_ntl(hidden @ kernel, ...)` without the logits in memory.
 
@@ -184,7 +194,8 @@ def fused_cross_entropy_and_ntl(
         rule); `check_targets(targets, kernel.shape[1])` raises for them instead.
       weights: and the other options (`ntl_kind`, `ntl_weight`, `reweigh`, `squash_factor`,
         `label_smoothing`, `z_loss`, `gce_sigma`, `loss_normalizing_factor`,
-        `decoder_segment_ids`, `decoder_positions`, `max_number_length`): exactly as in `cross_entropy_and_ntl`
+        `decoder_segment_ids`, `decoder_positions`, `max_number_length`, `smmd_mode`, `smmd_sigma`,
+        `smmd_alpha`): exactly as in `cross_entropy_and_ntl`
         (Gaussian smoothing needs only the number tokens' logits, which the head computes
         anyway): with `weights=None` pad targets count unless the factor is a special one.
       chunk_size: vocabulary columns per chunk (per device when sharded); None picks
@@ -227,7 +238,8 @@ def fused_cross_entropy_and_ntl(
     """
     options = Options(ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
                       label_smoothing=label_smoothing, z_loss=z_loss, gce_sigma=gce_sigma,
-                      max_number_length=max_number_length)
+                      max_number_length=max_number_length, smmd_mode=smmd_mode, smmd_sigma=smmd_sigma,
+                      smmd_alpha=smmd_alpha)
     weights = checks.check_hidden_and_kernel(hidden, kernel, targets, number_tokens, weights, chunk_size)
     checks.check_objective(number_tokens, options, targets, loss_normalizing_factor, decoder_segment_ids,
                            decoder_positions)

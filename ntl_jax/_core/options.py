@@ -31,7 +31,9 @@ class Options:
     - `max_number_length` (only with `"number_level"`, `"number_level_float"`): the most
       places a number has (None: ntloss's 20), as in `number_level_loss`;
     - `formulation`: how the number statistics are computed (`number_stats`): "auto"
-      (each backend's own), or one of `number_stats.FORMULATIONS` everywhere.
+      (each backend's own), or one of `number_stats.FORMULATIONS` everywhere;
+    - `smmd_mode`, `smmd_sigma`, `smmd_alpha` (only with `"smmd"`; None: the authors'
+      defaults): as in `number_token_loss`.
     """
 
     ntl_kind: Any = "was"
@@ -43,13 +45,17 @@ class Options:
     gce_sigma: float = 0.0
     formulation: str = "auto"
     max_number_length: int | None = None
+    smmd_mode: str | None = None
+    smmd_sigma: float | None = None
+    smmd_alpha: float | None = None
 
     def __post_init__(self):
         checks.check_squash_factor(self.squash_factor)
         if self.ntl_kind != "none":
             checks.check_kind(self.ntl_kind, self.squash_factor)
         elif self.squash_factor is not None:
-            raise ValueError("squash_factor applies only to ntl_kind='was', got ntl_kind='none'")
+            raise ValueError(f"squash_factor applies only to ntl_kind in {checks.SQUASHED_KINDS}, got ntl_kind='none'")
+        checks.check_smmd_options(self.ntl_kind, **self.smmd)
         checks.check_real("ntl_weight", self.ntl_weight, low=0.0)
         checks.check_bool("reweigh", self.reweigh)
         if self.reweigh and self.variant is not None and self.variant.ceiling is None:
@@ -75,7 +81,12 @@ class Options:
         if self.ntl_kind == "none":
             return None
         return variants.variant_of(self.ntl_kind, squash_factor=self.squash_factor, smoothed=self.smoothed,
-                                   max_number_length=self.max_number_length)
+                                   max_number_length=self.max_number_length, **self.smmd)
+
+    @property
+    def smmd(self) -> dict:
+        """SMMD's options, by name."""
+        return dict(smmd_mode=self.smmd_mode, smmd_sigma=self.smmd_sigma, smmd_alpha=self.smmd_alpha)
 
     @property
     def smoothed(self) -> bool:

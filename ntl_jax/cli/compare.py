@@ -9,7 +9,7 @@ set of paired differences. Two protocols:
 * `finetune` (the paper's): per seed, one CE pretraining run; then every loss
   fine-tunes from those same parameters at the fine-tuning learning rate(s).
 
-`--ntl-weight` (`--del-weight`, `--dist2-weight` for DEL and DIST²), `--gce-sigma` and
+`--ntl-weight` (`--del-weight`, `--dist2-weight`, `--smmd-weight` for DEL, DIST² and SMMD), `--gce-sigma` and
 `--finetune-learning-rate` take several values to sweep them, and `--eval-split
 validation` scores the runs on held-out training-like problems to choose among them
 without the tests; each NTL variant is paired with the CE run of the same seed and learning rate. Runs live in

@@ -20,8 +20,8 @@ from ntl_jax.train.data import EVAL_CHOICES
 DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
                 batch_size=32, learning_rate=3e-3, warmup_steps=100,
                 train_examples=20_000, eval_examples=500)
-# "ce" and "ntl-<variant>" for every variant in `ntl_jax._core.variants.VARIANTS` ("del" and
-# "dist2" for NTL's successors), and the same on the Gaussian-smoothed cross-entropy, "gce"
+# "ce" and "ntl-<variant>" for every variant in `ntl_jax._core.variants.VARIANTS` ("del",
+# "dist2" and "smmd" for NTL's successors), and the same on the Gaussian-smoothed cross-entropy, "gce"
 # and "gce+<loss>" (`step.LOSS_KINDS`).
 _NTL = tuple(systems.loss_name(kind) for kind in KINDS)
 LOSSES = ("ce", "gce") + _NTL + tuple("gce+" + loss for loss in _NTL)
@@ -71,8 +71,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                    nargs="+" if sweep else None, metavar="LAMBDA",
                    help="lambda in CE + lambda * NTL (the ntl-* losses)" + (", several to sweep it" if sweep else "")
                         + " (default: %(default)s)")
-    # DEL's and DIST²'s authors' settings on this objective (docs/guides/losses.md, "Weights").
-    for name, default, what in (("del", 0.001, "DEL"), ("dist2", 0.1, "DIST²")):
+    # DEL's and DIST²'s authors' settings on this objective; SMMD's released module adds its
+    # loss unweighted (docs/guides/losses.md, "Weights").
+    for name, default, what in (("del", 0.001, "DEL"), ("dist2", 0.1, "DIST²"), ("smmd", 1.0, "SMMD")):
         g.add_argument(f"--{name}-weight", type=finite_non_negative_float,
                        default=[default] if sweep else default, nargs="+" if sweep else None,
                        metavar="LAMBDA",

@@ -167,7 +167,7 @@ def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
         targets, real = data["targets"], data["targets_segmentation"] != 0
         per_token = ntl_from_number_logits(columns, targets, numbers, ntl_kind=settings.kind, weights=real,
                                            squash_factor=settings.squash_factor,
-                                           max_number_length=settings.max_number_length)
+                                           max_number_length=settings.max_number_length, **settings.smmd)
         ntl_sum = jnp.sum(per_token)
         manual_accumulation = config.gradient_accumulation_steps > 1 and not config.use_tunix_gradient_accumulation
         if settings.weight > 0:

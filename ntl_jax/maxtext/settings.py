@@ -8,7 +8,7 @@ import dataclasses
 import math
 from typing import Sequence
 
-from ntl_jax._core import variants
+from ntl_jax._core import checks, variants
 
 PREFIX = "ntl_"
 
@@ -21,10 +21,12 @@ class NumberLossSettings:
     - `weight` (`ntl_weight`): lambda, 0.3 in the paper; 0 trains on MaxText's own loss
       and still logs NTL;
     - `kind` (`ntl_kind`): "was" (the paper's default), "mse", "mae", "huber",
-      "number_level", "number_level_float", "was_cdf", "del", "dist2", or "none"
+      "number_level", "number_level_float", "was_cdf", "del", "dist2", "smmd", or "none"
       (MaxText's loss, NTL neither computed nor logged);
-    - `squash_factor` (`ntl_squash_factor`), `max_number_length`
-      (`ntl_max_number_length`): as in `ntl_jax.cross_entropy_and_ntl`;
+    - `squash_factor` (`ntl_squash_factor`, with "was" or "smmd"), `max_number_length`
+      (`ntl_max_number_length`), `smmd_mode`, `smmd_sigma`, `smmd_alpha`
+      (`ntl_smmd_mode`, `ntl_smmd_sigma`, `ntl_smmd_alpha`, with "smmd"): as in
+      `ntl_jax.cross_entropy_and_ntl`;
     - `digit_level`, `prefixed_numbers` (`ntl_digit_level`, `ntl_prefixed_numbers`):
       which of the tokenizer's tokens are numbers, as in `NumberTokens.from_tokenizer`.
     """
@@ -33,6 +35,9 @@ class NumberLossSettings:
     kind: str = "was"
     squash_factor: float | None = None
     max_number_length: int | None = None
+    smmd_mode: str | None = None
+    smmd_sigma: float | None = None
+    smmd_alpha: float | None = None
     digit_level: bool = True
     prefixed_numbers: bool = False
 
@@ -42,8 +47,15 @@ class NumberLossSettings:
             raise ValueError(f"expected ntl_weight to be a finite number >= 0, got {self.weight!r}")
         if self.kind != "none" and self.kind not in variants.KINDS:
             raise ValueError(f"expected ntl_kind in {variants.KINDS + ('none',)}, got {self.kind!r}")
-        if self.squash_factor is not None and self.kind != "was":
-            raise ValueError(f"ntl_squash_factor applies only to ntl_kind=was, got ntl_kind={self.kind}")
+        if self.squash_factor is not None and self.kind not in checks.SQUASHED_KINDS:
+            raise ValueError(f"ntl_squash_factor applies only to ntl_kind in {checks.SQUASHED_KINDS}, "
+                             f"got ntl_kind={self.kind}")
+        checks.check_smmd_options(self.kind, self.smmd_mode, self.smmd_sigma, self.smmd_alpha)
+
+    @property
+    def smmd(self) -> dict:
+        """SMMD's options, as `ntl_jax.ntl_from_number_logits` takes them."""
+        return dict(smmd_mode=self.smmd_mode, smmd_sigma=self.smmd_sigma, smmd_alpha=self.smmd_alpha)
 
     @property
     def computes_ntl(self) -> bool:
@@ -55,6 +67,9 @@ _PARSERS = {
     "ntl_kind": ("kind", str),
     "ntl_squash_factor": ("squash_factor", float),
     "ntl_max_number_length": ("max_number_length", int),
+    "ntl_smmd_mode": ("smmd_mode", str),
+    "ntl_smmd_sigma": ("smmd_sigma", float),
+    "ntl_smmd_alpha": ("smmd_alpha", float),
     "ntl_digit_level": ("digit_level", "bool"),
     "ntl_prefixed_numbers": ("prefixed_numbers", "bool"),
 }

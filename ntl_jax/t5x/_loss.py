@@ -338,7 +338,8 @@ class NTLLossMixin:
     attributes the concrete model sets (T5X's `AveragePerStep`, clu's `Average`).
 
     Keyword arguments (the rest pass through to the base class): `ntl_weight`,
-    `ntl_kind`, `reweigh`, `squash_factor`, `max_number_length`, `digit_level`, `gce_sigma`, `fused_loss`,
+    `ntl_kind`, `reweigh`, `squash_factor`, `max_number_length`, `smmd_mode`, `smmd_sigma`, `smmd_alpha`,
+    `digit_level`, `gce_sigma`, `fused_loss`,
     `fused_chunk_size`, `fused_vocab_axis`; see
     `ntl_jax.t5x.models.NTLEncoderDecoderModel`.
 
@@ -363,6 +364,9 @@ class NTLLossMixin:
         reweigh: bool = False,
         squash_factor: Optional[float] = None,
         max_number_length: Optional[int] = None,
+        smmd_mode: Optional[str] = None,
+        smmd_sigma: Optional[float] = None,
+        smmd_alpha: Optional[float] = None,
         digit_level: bool = True,
         gce_sigma: float = 0.0,
         fused_loss: bool | str = False,
@@ -380,6 +384,7 @@ class NTLLossMixin:
             digit_level=digit_level,
             gce_sigma=gce_sigma,
             max_number_length=max_number_length,
+            smmd=dict(smmd_mode=smmd_mode, smmd_sigma=smmd_sigma, smmd_alpha=smmd_alpha),
         )
         check_fused_loss(fused_loss)
         checks.check_chunk_size(fused_chunk_size, "fused_chunk_size")
@@ -389,12 +394,12 @@ class NTLLossMixin:
         self._fused_vocab_axis = fused_vocab_axis
 
     def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level, gce_sigma=0.0,
-                       max_number_length=None):
+                       max_number_length=None, smmd=None):
         # Checked here, once per model: `loss_fn` reads the record.
         options = Options(
             ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
             label_smoothing=getattr(self, "_label_smoothing", 0.0), z_loss=getattr(self, "_z_loss", 0.0),
-            gce_sigma=gce_sigma, max_number_length=max_number_length,
+            gce_sigma=gce_sigma, max_number_length=max_number_length, **(smmd or {}),
         )
         # Kept as Python floats (gin may bind integers), once they are known to be numbers.
         self._options = dataclasses.replace(

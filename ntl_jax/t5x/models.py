@@ -89,13 +89,18 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
         cross-entropy alone and still logs the NTL metrics.
       ntl_kind: `"was"` (Wasserstein-1, the paper's NTL-WAS), `"mse"`, `"mae"`,
         `"huber"` (dot-product NTL), `"number_level"`, `"number_level_float"`,
-        `"was_cdf"` (NTL-WAS-CDF), NTL's successors `"del"` and `"dist2"`, or `"none"`.
+        `"was_cdf"` (NTL-WAS-CDF), NTL's successors `"del"`, `"dist2"` and `"smmd"` (SMMD
+        at the authors' defaults), or `"none"`.
       reweigh: scale by the probability mass on number tokens (ntloss's default is
         True; the paper, and this default, use False).
       squash_factor: for `"was"`, make the farthest wrong digit cost this many times
-        the closest one (None: plain |difference|).
+        the closest one (None: plain |difference|); for `"smmd"`, its kernel's
+        distances (None: the authors' 9).
       max_number_length: for `"number_level"` and `"number_level_float"`, the most
         places a number has (None: ntloss's 20), as in `ntl_jax.number_level_loss`.
+      smmd_mode, smmd_sigma, smmd_alpha: for `"smmd"`, its terms, kernel width and
+        smoothness weight (None: the authors'), as in `ntl_jax.number_token_loss`. In gin:
+        `NTLEncoderDecoderModel.smmd_mode = 'mmd'`.
       gce_sigma: Gaussian-smoothed cross-entropy (the paper's GCE baseline): at a
         number target the label is a Gaussian of this width over the number tokens'
         values (`ntl_jax.cross_entropy_and_ntl`); 0 (default) is the stock one-hot.

@@ -21,7 +21,7 @@ from ntl_jax.train.loss_names import loss_name
 
 # `--loss` values: "ce", the cross-entropy baseline (NTL-WAS at weight 0: logged, not
 # trained on), and "ntl-<variant>" for each variant of the one table, `variants.VARIANTS`
-# ("del" and "dist2" for NTL's successors, `loss_names.loss_name`); and the same on the
+# ("del", "dist2" and "smmd" for NTL's successors, `loss_names.loss_name`); and the same on the
 # Gaussian-smoothed cross-entropy (`gce_sigma`): "gce", "gce+ntl-<variant>", "gce+del".
 CE_DIAGNOSTIC_KIND = "was"
 GCE_PREFIX = "gce+"

@@ -35,7 +35,7 @@ ENCODER_DECODER_ONLY = (REGRESSION_HEAD, XVAL)
 
 def weight_flag(system: str) -> str:
     """The flag (an argparse dest) that holds `system`'s weight λ in CE + λ·loss:
-    "del_weight", "dist2_weight" or "ntl_weight"."""
+    "del_weight", "dist2_weight", "smmd_weight" or "ntl_weight"."""
     own = system.removeprefix("gce+")
     return f"{own}_weight" if own in OWN_NAMES else "ntl_weight"
 

@@ -32,7 +32,7 @@ def number_token_loss_fn(number_tokens: NumberTokens, *, ntl_weight: float = 0.3
     Args:
       number_tokens: the model's vocabulary's `NumberTokens` (`ntl_jax.tunix.number_tokens`).
       ntl_weight, ntl_kind: as in `ntl_jax.cross_entropy_and_ntl` (any kind: `"was"`,
-        `"mse"`, `"del"`, `"dist2"`, ...).
+        `"mse"`, `"del"`, `"dist2"`, `"smmd"`, ...).
       fused: compute the loss from the final hidden states and the logits projection
         (`ntl_jax.fused_cross_entropy_and_ntl`), never holding the `[batch, length,
         vocab]` logits; the same loss and gradients to float32 rounding. Not with a

@@ -122,8 +122,15 @@ def test_settings_come_off_the_command_line_and_bad_ones_are_refused():
         ntl_maxtext.split_argv(["prog", "base.yml", "ntl_weight=-1"])
     with pytest.raises(ValueError, match=r"ntl_kind in .*got 'wass'"):
         ntl_maxtext.split_argv(["prog", "base.yml", "ntl_kind=wass"])
-    with pytest.raises(ValueError, match=r"ntl_squash_factor applies only to ntl_kind=was, got ntl_kind=mse"):
+    with pytest.raises(ValueError, match=r"ntl_squash_factor applies only to ntl_kind in \('was', 'smmd'\), "
+                                         r"got ntl_kind=mse"):
         ntl_maxtext.split_argv(["prog", "base.yml", "ntl_kind=mse", "ntl_squash_factor=2"])
+    _, settings = ntl_maxtext.split_argv(["prog", "base.yml", "ntl_kind=smmd", "ntl_squash_factor=4",
+                                          "ntl_smmd_mode=mmd", "ntl_smmd_sigma=1.5", "ntl_smmd_alpha=0.2"])
+    assert settings == ntl_maxtext.NumberLossSettings(kind="smmd", squash_factor=4.0, smmd_mode="mmd",
+                                                      smmd_sigma=1.5, smmd_alpha=0.2)
+    with pytest.raises(ValueError, match=r"smmd_sigma applies only to ntl_kind='smmd', got ntl_kind='was'"):
+        ntl_maxtext.split_argv(["prog", "base.yml", "ntl_smmd_sigma=1"])
 
 
 class _Config:

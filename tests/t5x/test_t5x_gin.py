@@ -47,6 +47,7 @@ LOSS_CHOICES = {
     "losses/ntl_was.gin": (("losses/ntl_was.gin",), (), (0.3, "was")),
     "losses/del.gin": (("losses/del.gin",), (), (0.003, "del")),
     "losses/dist2.gin": (("losses/dist2.gin",), (), (0.1, "dist2")),
+    "losses/smmd.gin": (("losses/smmd.gin",), (), (1.0, "smmd")),
     "NTL_WEIGHT=0.0": ((), ("NTL_WEIGHT = 0.0",), (0.0, "was")),
     "NTL_KIND='mse'": ((), ("NTL_KIND = 'mse'",), (0.3, "mse")),
     "NTL_KIND='mae'": ((), ("NTL_KIND = 'mae'",), (0.3, "mae")),
@@ -126,7 +127,7 @@ def test_the_shipped_set_is_complete():
     assert "experiments/scratch/tiny_byte_arithmetic.gin" in EXPERIMENTS
     assert len(EXPERIMENTS) == 13
     assert LOSS_FILES == ["losses/ce.gin", "losses/del.gin", "losses/dist2.gin", "losses/ntl_mse.gin",
-                          "losses/ntl_was.gin"]
+                          "losses/ntl_was.gin", "losses/smmd.gin"]
 
 
 @pytest.mark.parametrize("name", MODEL_FILES)

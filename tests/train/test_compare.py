@@ -176,7 +176,7 @@ def test_interrupted_compare_exits_130_and_says_how_to_resume(tmp_path, capsys, 
     assert "interrupted; rerun the same command to resume" in capsys.readouterr().err
 
 
-def test_del_and_dist2_take_their_own_weights_and_are_swept_by_them(tmp_path):
+def test_del_dist2_and_smmd_take_their_own_weights_and_are_swept_by_them(tmp_path):
     args = _args(["--losses", "ntl-was", "del", "dist2", "gce+del", "--del-weight", "0.001", "0.1",
                   "--seeds", "1", "--out", str(tmp_path)])
     runs = cli_compare.plan(args, str(tmp_path))[1]
@@ -187,6 +187,11 @@ def test_del_and_dist2_take_their_own_weights_and_are_swept_by_them(tmp_path):
     assert [cli_compare._config(args, r).ntl_weight for r in runs[:3]] == [0.0, 0.3, 0.001]
     train = cli.build_parser(["train"]).parse_args(["train", "--loss", "dist2", "--out", "x"])
     assert cli_train.make_config(train, "dist2", 0).ntl_weight == 0.1
+    assert cli_train.make_config(train, "smmd", 0).ntl_weight == 1.0
+    args = _args(["--losses", "smmd", "gce+smmd", "--smmd-weight", "0.3", "1", "--seeds", "1", "--out", str(tmp_path)])
+    assert [(r.label, r.loss, r.ntl_weight) for r in cli_compare.plan(args, str(tmp_path))[1]] == [
+        ("ce", "ce", 0.0), ("smmd λ=0.3", "smmd", 0.3), ("smmd λ=1", "smmd", 1.0),
+        ("gce+smmd λ=0.3", "gce+smmd", 0.3), ("gce+smmd λ=1", "gce+smmd", 1.0)]
     assert cli_train.make_config(train, "ntl-mse", 0).ntl_weight == 0.3
     with pytest.raises(SystemExit):
         _args(["--losses", "ntl-del"])  # the successors go by their own names

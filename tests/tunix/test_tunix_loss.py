@@ -27,7 +27,7 @@ def _loss_and_grads(model, inputs, **options):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("ntl_kind", ["was", "del"])
+@pytest.mark.parametrize("ntl_kind", ["was", "del", "smmd"])
 def test_the_loss_is_the_objective_on_the_next_token_logits(family, ntl_kind):
     model, inputs = LINEAR_HEADS[family](), batch()
     loss, parts = ntl_tunix.number_token_loss_fn(NUMBERS, ntl_weight=0.3, ntl_kind=ntl_kind)(model, **inputs)
