@@ -381,9 +381,9 @@ def ntl_from_number_logits(
         `number_tokens.ids[j]`.
       targets: `[batch, length]` integer token ids of the whole vocabulary. Ids outside
         `[0, number_tokens.vocab_size)` are no numbers.
-      number_tokens, ntl_kind, weights, squash_factor, reduction, smmd_mode, smmd_sigma,
-        smmd_alpha: as in `number_token_loss`; `max_number_length` as in
-        `cross_entropy_and_ntl`.
+      number_tokens, ntl_kind, weights, squash_factor, reduction: as in
+        `number_token_loss`; `max_number_length` as in `cross_entropy_and_ntl`.
+      smmd_mode, smmd_sigma, smmd_alpha: as in `number_token_loss`.
 
     Examples:
       >>> import jax.numpy as jnp
