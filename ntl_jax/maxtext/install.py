@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ntl_jax.maxtext import tiles
 from ntl_jax.maxtext.loss import NTL_SUM, NUMBER_TARGETS, number_eval_step, number_loss_fn, number_train_step
 from ntl_jax.maxtext.metrics import number_metric_logger
 from ntl_jax.maxtext.settings import NumberLossSettings, split_argv
@@ -49,6 +50,7 @@ def pretraining(settings: NumberLossSettings):
     from maxtext.trainers.pre_train import train
 
     return _replaced(
+        *_in_tiles(settings),
         (train, "loss_fn", number_loss_fn(train.loss_fn, settings)),
         (train, "train_step", number_train_step(train.train_step, settings)),
         (train, "eval_step", number_eval_step(train.eval_step, settings)),
@@ -65,11 +67,23 @@ def fine_tuning(settings: NumberLossSettings):
     from maxtext.trainers.post_train.sft import train_sft
 
     return _replaced(
+        *_in_tiles(settings),
         (train_sft, "loss_fn", number_loss_fn(train_sft.loss_fn, settings)),
         (train_sft, "MaxTextPeftTrainer", _number_peft_trainer(train_sft.MaxTextPeftTrainer)),
         (sft_hooks, "SFTTrainingHooks", _number_sft_hooks(sft_hooks.SFTTrainingHooks)),
         (post_train_hooks, "MetricLogger", number_metric_logger(post_train_hooks.MetricLogger)),
     )
+
+
+def _in_tiles(settings: NumberLossSettings) -> list:
+    """The replacements that compute NTL inside MaxText's vocabulary tiles (`tiles.py`):
+    its tiled loss, which `loss_fn` finds in its module, and the cross-entropy its tiles
+    call."""
+    from maxtext.trainers.pre_train import train
+    from maxtext.utils import vocabulary_tiling
+
+    return [(train, "vocab_tiling_nnx_loss", tiles.number_vocab_tiling_loss(train.vocab_tiling_nnx_loss, settings)),
+            (vocabulary_tiling, "max_utils", tiles.tile_max_utils())]
 
 
 def _buffer_ntl(buffer, aux) -> None:

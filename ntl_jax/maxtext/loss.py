@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ntl_jax._core.losses import ntl_from_number_logits
+from ntl_jax.maxtext import tiles
 from ntl_jax.maxtext.settings import NumberLossSettings, check_config
 from ntl_jax.maxtext.tokens import number_tokens
 
@@ -158,17 +159,22 @@ def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
     def loss_fn(model, config, data, dropout_rng, params, sparsity_state=None, is_train=True):
         check_config(config, settings)
         numbers = number_tokens(config, digit_level=settings.digit_level, prefixed_numbers=settings.prefixed_numbers)
-        with _head_inputs(model.decoder) as seen:
+        with _head_inputs(model.decoder) as seen, tiles.ntl_sums() as in_tiles:
             loss, aux = stock_loss_fn(model, config, data, dropout_rng, params, sparsity_state=sparsity_state,
                                       is_train=is_train)
-        hidden, deterministic = _final_hidden(seen, aux, config, is_train)
-        columns = number_logits(model, config, hidden, numbers.ids, deterministic)
         # stock_loss_fn cut `data` to the micro-batch it trained on, in place.
         targets, real = data["targets"], data["targets_segmentation"] != 0
-        per_token = ntl_from_number_logits(columns, targets, numbers, ntl_kind=settings.kind, weights=real,
-                                           squash_factor=settings.squash_factor,
-                                           max_number_length=settings.max_number_length, **settings.smmd)
-        ntl_sum = jnp.sum(per_token)
+        if in_tiles:
+            # Computed inside MaxText's tiles, whose backward pass differentiates its term;
+            # the sum carries no gradient of its own (tiles.py).
+            [ntl_sum] = in_tiles
+        else:
+            hidden, deterministic = _final_hidden(seen, aux, config, is_train)
+            columns = number_logits(model, config, hidden, numbers.ids, deterministic)
+            per_token = ntl_from_number_logits(columns, targets, numbers, ntl_kind=settings.kind, weights=real,
+                                               squash_factor=settings.squash_factor,
+                                               max_number_length=settings.max_number_length, **settings.smmd)
+            ntl_sum = jnp.sum(per_token)
         manual_accumulation = config.gradient_accumulation_steps > 1 and not config.use_tunix_gradient_accumulation
         if settings.weight > 0:
             # The normalisation of MaxText's own cross-entropy term.

@@ -17,6 +17,8 @@ from maxtext.trainers.pre_train import train  # noqa: E402
 import ntl_jax  # noqa: E402
 from ntl_jax import maxtext as ntl_maxtext  # noqa: E402
 from ntl_jax._core import variants  # noqa: E402
+from ntl_jax.maxtext import tiles  # noqa: E402
+from ntl_jax.maxtext.install import pretraining  # noqa: E402
 from tests.maxtext import tiny  # noqa: E402
 
 MULTI_DIGIT = ntl_maxtext.NumberLossSettings(weight=0.3, kind="was", digit_level=False)
@@ -96,19 +98,57 @@ def test_weight_zero_is_maxtexts_own_loss_bit_for_bit(setup):
         assert np.asarray(a).tobytes() == np.asarray(e).tobytes()
 
 
-@pytest.mark.parametrize("kind", ["was", "del", "number_level"])
-def test_vocabulary_tiling_gives_the_untiled_loss(setup, kind):
-    config, model, mesh, numbers, data = setup
-    tiled = tiny.config("num_vocab_tiling=4")
+def _installed_loss(settings, model, config, data):
+    """`_loss` of MaxText's `loss_fn` as the launcher runs it: with the tiled loss that
+    computes NTL inside the vocabulary tiles installed while the step, backward pass
+    included, is traced."""
+    with pretraining(settings):
+        return _loss(train.loss_fn, model, config, data)
+
+
+# (kind, tiles, z-loss): inside the tiles wherever their tiles hold whole sequences (the
+# tiny batch is 2 x 32 positions) or the kind reads one position at a time; else, and with
+# a z-loss (whose slot carries NTL out of the tiles), from the hidden states.
+TILINGS = [*((kind, 2, 0.0) for kind in variants.KINDS), ("was", 4, 0.0), ("del", 4, 0.0),
+           ("number_level", 4, 0.0), ("was", 4, 1e-4)]
+
+
+@pytest.mark.parametrize("kind, num_tiles, z_loss", TILINGS)
+def test_vocabulary_tiling_gives_the_untiled_loss(setup, kind, num_tiles, z_loss):
+    _, _, mesh, _, data = setup
+    config = tiny.config(f"z_loss_multiplier={z_loss}")
+    model, _ = tiny.model(config)
+    tiled = tiny.config(f"num_vocab_tiling={num_tiles}", f"z_loss_multiplier={z_loss}")
     tiled_model, _ = tiny.model(tiled)
     settings = dataclasses.replace(MULTI_DIGIT, kind=kind)
     with jax.set_mesh(mesh):
-        loss, aux, grads = _loss(ntl_maxtext.number_loss_fn(train.loss_fn, settings), model, config, data)
-        tiled_loss, tiled_aux, tiled_grads = _loss(ntl_maxtext.number_loss_fn(train.loss_fn, settings), tiled_model,
-                                                   tiled, data)
+        loss, aux, grads = _installed_loss(settings, model, config, data)
+        tiled_loss, tiled_aux, tiled_grads = _installed_loss(settings, tiled_model, tiled, data)
+    expect_in_tiles = z_loss == 0 and (num_tiles == 2 or kind not in tiles.ACROSS_POSITIONS)
+    assert tiles.fits(tiled, settings, 2, 32) == expect_in_tiles
+    assert (tiles._ACTIVE is not None) == expect_in_tiles  # the route the step was traced through
+    assert float(aux["ntl_sum"]) > 0
     np.testing.assert_allclose(float(tiled_aux["ntl_sum"]), float(aux["ntl_sum"]), rtol=2e-6)
+    # MaxText's cross-entropy sum stays its own: NTL's weighted sum comes back out of it.
+    np.testing.assert_allclose(float(tiled_aux["xent_sum"]), float(aux["xent_sum"]), rtol=2e-6)
     np.testing.assert_allclose(float(tiled_loss), float(loss), rtol=2e-6)
     _assert_trees_close(tiled_grads, grads, rtol=1e-5)
+
+
+def test_weight_zero_in_the_tiles_is_maxtexts_own_tiled_loss_bit_for_bit(setup):
+    _, _, mesh, _, data = setup
+    tiled = tiny.config("num_vocab_tiling=2")
+    model, _ = tiny.model(tiled)
+    settings = dataclasses.replace(MULTI_DIGIT, weight=0.0)
+    with jax.set_mesh(mesh):
+        stock_loss, stock_aux, stock_grads = _loss(train.loss_fn, model, tiled, data)
+        loss, aux, grads = _installed_loss(settings, model, tiled, data)
+    assert tiles._ACTIVE is not None
+    assert float(aux["ntl_sum"]) > 0  # still computed, for the metrics
+    assert np.asarray(loss).tobytes() == np.asarray(stock_loss).tobytes()
+    assert np.asarray(aux["xent_sum"]).tobytes() == np.asarray(stock_aux["xent_sum"]).tobytes()
+    for a, e in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(stock_grads), strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(e).tobytes()
 
 
 def test_settings_come_off_the_command_line_and_bad_ones_are_refused():
