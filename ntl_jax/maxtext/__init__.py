@@ -8,8 +8,9 @@ MaxText has no hook for a loss, so its programs run here with theirs wrapped (`i
 - `python -m ntl_jax.maxtext.sft ...`: supervised fine-tuning through Tunix.
 
 The objective is MaxText's cross-entropy plus `ntl_weight` x NTL, computed from the final
-hidden states through the output head's number-token columns (`loss`), so vocabulary
-tiling, gradient accumulation, packing, sharding and checkpoints stay MaxText's own.
+hidden states through the output head's number-token columns (`loss`), or under
+vocabulary tiling inside MaxText's own tiles (`tiles`), so vocabulary tiling, gradient
+accumulation, packing, sharding and checkpoints stay MaxText's own.
 `learning/ntl` and `eval/avg_ntl` are logged beside MaxText's `lm_loss` and
 `eval/avg_loss`, which stay cross-entropy only.
 """

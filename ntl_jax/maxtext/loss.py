@@ -3,17 +3,18 @@
 MaxText's `loss_fn` (`maxtext.trainers.pre_train.train`) computes its cross-entropy from
 the logits, or, under vocabulary tiling (`num_vocab_tiling > 1`), from the final hidden
 states tile by tile without forming the logits. `number_loss_fn` calls it unchanged and
-adds NTL beside it, computed the same way in both cases: the final hidden states go
-through MaxText's own output head again with the head's kernel cut to the `N`
-number-token columns (`number_logits`), giving the number tokens' logits
-`[batch, length, N]`, from which `ntl_jax.ntl_from_number_logits` computes NTL.
+adds NTL. Under vocabulary tiling, where `tiles.fits`, MaxText's tiles compute it
+(`tiles.py`) and hand back its sum. Elsewhere the final hidden states go through
+MaxText's own output head again with the head's kernel cut to the `N` number-token
+columns (`number_logits`), giving the number tokens' logits `[batch, length, N]`, from
+which `ntl_jax.ntl_from_number_logits` computes NTL.
 
-NTL reads nothing of the `[batch, length, vocab]` logits. A second reader of them would
-make XLA write them out where MaxText's step otherwise fuses the head's matmul into its
-cross-entropy and never does (a `[batch, length, vocab]` buffer per device more:
-docs/guides/maxtext.md). Vocabulary tiling stays whole, the kinds that read a whole
-sequence (`number_level`, `del`) see it in order, which per-tile losses would not, and
-NTL's own cost is an `N`-column matmul and the scatter of its gradient into the head's.
+That route reads nothing of the `[batch, length, vocab]` logits. A second reader of them
+would make XLA write them out where MaxText's step otherwise fuses the head's matmul into
+its cross-entropy and never does (a `[batch, length, vocab]` buffer per device more:
+docs/guides/maxtext.md). The kinds that read a whole sequence (`number_level`, `del`) see
+it in order, and NTL's own cost is an `N`-column matmul and the scatter of its gradient
+into the head's.
 
 The hidden states are the input of the decoder's `apply_output_head` (caught while
 MaxText's `loss_fn` runs), or under vocabulary tiling the `hidden_states` the decoder

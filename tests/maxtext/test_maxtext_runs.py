@@ -28,6 +28,10 @@ RUN = [*[a for a in tiny.TINY
 ACCUMULATED = ["per_device_batch_size=2", "gradient_accumulation_steps=2", "enable_checkpointing=true",
                "checkpoint_period=2", "async_checkpointing=false"]
 
+# The same again with vocabulary tiling, NTL computed inside MaxText's tiles.
+TILED = ["per_device_batch_size=2", "gradient_accumulation_steps=2", "num_vocab_tiling=2",
+         "enable_checkpointing=false"]
+
 
 def _launch(module, args, tmp_path, **env):
     done = subprocess.run([sys.executable, "-m", module, tiny.BASE, *args], capture_output=True, text=True,
@@ -60,13 +64,15 @@ def _tensorboard_tags(directory):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The same tiny run trained on CE (ntl_weight=0), on CE + 0.3 x NTL, and on CE + 0.3 x
-    NTL with MaxText's gradient accumulation over two micro-batches, checkpointing."""
+    NTL with MaxText's gradient accumulation over two micro-batches, checkpointing, and
+    with vocabulary tiling too."""
     out = {}
     for name, weight, extra in (("ce", 0.0, ["enable_checkpointing=false"]),
                                 ("ntl", 0.3, ["enable_checkpointing=false"]),
-                                ("accumulated", 0.3, ACCUMULATED)):
+                                ("accumulated", 0.3, ACCUMULATED),
+                                ("tiled", 0.3, TILED)):
         tmp = tmp_path_factory.mktemp(name)
-        args = [*(RUN if name != "accumulated" else [a for a in RUN if not a.startswith("per_device_batch_size")])]
+        args = [*(RUN if name in ("ce", "ntl") else [a for a in RUN if not a.startswith("per_device_batch_size")])]
         log = _launch("ntl_jax.maxtext.train", [*args, *extra, f"run_name={name}", f"base_output_directory={tmp}",
                                                 f"metrics_file={tmp / 'metrics.jsonl'}", f"ntl_weight={weight}"], tmp)
         out[name] = (tmp, log, _metrics(tmp / "metrics.jsonl"))
@@ -119,6 +125,23 @@ def test_gradient_accumulation_trains_the_step_the_whole_batch_trains(runs):
     assert accumulated[0]["learning/raw_grad_norm"] == pytest.approx(whole[0]["learning/raw_grad_norm"], rel=1e-3)
     # After three updates from those gradients.
     assert accumulated[-1]["learning/ntl"] == pytest.approx(whole[-1]["learning/ntl"], rel=1e-3)
+
+
+def test_in_vocabulary_tiles_the_step_is_the_untiled_step(runs):
+    untiled, tiled = ([m for m in runs[name][2] if "learning/loss" in m] for name in ("accumulated", "tiled"))
+    for key in ("learning/loss", "learning/lm_loss", "learning/number_targets"):
+        assert tiled[0][key] == pytest.approx(untiled[0][key], rel=1e-5), key
+    # The number tokens' logits in bfloat16 (the runs' dtype), read from a tile's logits or
+    # computed as their columns alone: a matmul of another shape, a rounding apart.
+    assert tiled[0]["learning/ntl"] == pytest.approx(untiled[0]["learning/ntl"], rel=1e-3)
+    assert tiled[0]["learning/raw_grad_norm"] == pytest.approx(untiled[0]["learning/raw_grad_norm"], rel=1e-3)
+    assert tiled[-1]["learning/ntl"] == pytest.approx(untiled[-1]["learning/ntl"], rel=1e-3)
+    evals = [[m for m in runs[name][2] if "eval/avg_ntl" in m] for name in ("accumulated", "tiled")]
+    assert [m["step"] for m in evals[1]] == [0, 2]
+    # The first evaluation follows the first update, made from gradients a rounding apart.
+    assert evals[1][0]["eval/number_targets"] == evals[0][0]["eval/number_targets"] > 0
+    for key in ("eval/avg_loss", "eval/avg_ntl"):
+        assert evals[1][0][key] == pytest.approx(evals[0][0][key], rel=1e-3), key
 
 
 def test_a_run_resumes_from_its_checkpoint(runs, tmp_path_factory):

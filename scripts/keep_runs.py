@@ -1,0 +1,98 @@
+"""Keeps the finished seeds of a comparison that runs in parts, so that it resumes on
+another machine or checkout; or puts them back.
+
+    python scripts/keep_runs.py keep runs/multiplication_past_the_floor evidence/multiplication_past_the_floor
+    python scripts/keep_runs.py restore evidence/multiplication_past_the_floor runs/multiplication_past_the_floor
+
+`keep` copies what `ntl-jax compare` reads of a finished run (`config.json`,
+`results.json`, `metrics.jsonl`; not its checkpoints) for every seed whose runs have all
+finished, so that a seed's runs, which the comparison pairs, come from one machine
+(per-seed values follow the CPU's float kernels), and writes which machine that was.
+`restore` copies them back under a comparison's `--out`; rerunning its command then reuses
+them and trains the rest. Nothing here reads a run's metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import shutil
+
+KEPT = ("config.json", "results.json", "metrics.jsonl")
+MACHINES = "machines.json"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def finished_seeds(out: pathlib.Path) -> dict[str, list[pathlib.Path]]:
+    """`{seed_k: [run dirs]}` for the seeds every variant under `out` has finished."""
+    variants = sorted(p for p in out.iterdir() if p.is_dir())
+    seeds = sorted({s.name for v in variants for s in v.glob("seed_*")})
+    kept = {}
+    for seed in seeds:
+        dirs = [v / seed for v in variants]
+        if all((d / "results.json").exists() and (d / "config.json").exists() for d in dirs):
+            kept[seed] = dirs
+    return kept
+
+
+def keep(out: pathlib.Path, kept: pathlib.Path) -> list[str]:
+    kept.mkdir(parents=True, exist_ok=True)
+    machines_file = kept / MACHINES
+    machines = json.loads(machines_file.read_text()) if machines_file.exists() else {}
+    new = []
+    for seed, dirs in finished_seeds(out).items():
+        if seed in machines:
+            continue  # kept before, from the machine that trained it
+        for d in dirs:
+            target = kept / d.parent.name / seed
+            target.mkdir(parents=True, exist_ok=True)
+            for name in KEPT:
+                if (d / name).exists():
+                    shutil.copy2(d / name, target / name)
+        machines[seed] = _cpu_model()
+        new.append(seed)
+    machines_file.write_text(json.dumps(dict(sorted(machines.items(), key=lambda kv: int(kv[0][5:]))), indent=1)
+                             + "\n")
+    return new
+
+
+def restore(kept: pathlib.Path, out: pathlib.Path) -> int:
+    copied = 0
+    for run in kept.glob("*/seed_*"):
+        target = out / run.parent.name / run.name
+        if (target / "results.json").exists():
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        for name in KEPT:
+            if (run / name).exists():
+                shutil.copy2(run / name, target / name)
+        copied += 1
+    return copied
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=("keep", "restore"))
+    parser.add_argument("source", type=pathlib.Path)
+    parser.add_argument("destination", type=pathlib.Path)
+    args = parser.parse_args()
+    if args.action == "keep":
+        new = keep(args.source, args.destination)
+        print(f"kept {len(new)} finished seed(s): {' '.join(new) or 'none'}")
+    else:
+        print(f"restored {restore(args.source, args.destination)} finished run(s)")
+
+
+if __name__ == "__main__":
+    main()
