@@ -7,7 +7,7 @@ pass each compute a tile's `[tokens, vocab]` logits and hand them to
 the tile's logits. In the backward pass it adds `ntl_weight` x NTL to the
 cross-entropy, so the tiles' own backward pass differentiates CE + NTL and XLA schedules
 MaxText's step as it is. (NTL computed beside the tiles, from the hidden states, is the
-same loss, but with unrolled layers XLA then schedules the step to 1.56x its memory:
+same loss, but with unrolled layers XLA then schedules the step to need much more memory:
 docs/guides/maxtext.md.) In the forward pass the cross-entropy stays MaxText's, and the
 tiles' z-loss output, a sum MaxText only logs and never differentiates, carries NTL out:
 with `z_loss_multiplier=0` it is otherwise exactly 0. The loss function reads NTL's sum
@@ -68,13 +68,13 @@ def fits(config, settings: NumberLossSettings, batch: int, length: int) -> bool:
 
 def per_token_ntl(logits, one_hot_targets, tiles: _Tiles):
     """NTL at each of a tile's `[tokens]` positions from its logits `[tokens, vocab]` and
-    one-hot targets (a row of zeros: no target), read from the whole logits as each
-    backend reads them best (`number_token_loss`'s `formulation="auto"`: on the TPU,
-    masked reductions over the vocabulary, which the tile's vocabulary sharding keeps
-    local, where taking the columns would gather the tile's logits)."""
+    one-hot targets (a row of zeros: no target).
+
+    Both are read through reductions over the vocabulary, as the cross-entropy reads them
+    (`number_token_loss`'s formulation on the TPU): the tile is sharded along the
+    vocabulary, and a reduction stays on the devices that hold it, where taking columns
+    or gathering from the one-hot rows would collect the tile whole."""
     tokens, vocab = logits.shape
-    # Reductions over the vocabulary, as the cross-entropy's: kept local to the devices
-    # that share it, where a gather from the one-hot rows would collect them whole.
     targets = jnp.where(jnp.max(one_hot_targets, axis=-1) > 0, jnp.argmax(one_hot_targets, axis=-1), -1)
     rows = tokens // tiles.length if tokens % tiles.length == 0 else 1
     s = tiles.settings
