@@ -4,7 +4,7 @@
 One piece per line, `_d_p_` for every digit d in 0..9 at every decimal place p from
 --max-place down to --min-place, places in decreasing order and digits in increasing
 order within a place (the authors' file has the same layout, at places 12..-12). The
-line order is the id order: `ntl_jax.train.regression_transformer` appends the pieces
+line order is the id order: `ntl_jax.data.rt_vocabulary` appends the pieces
 after the shipped SentencePiece vocabulary's ids.
 
 The default range, places 31..-23 (numbers of up to 32 integer digits and 23 decimals),

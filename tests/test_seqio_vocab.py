@@ -134,3 +134,54 @@ def test_docstring_examples():
 
     result = doctest.testmod(vocabularies)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ---- the Regression Transformer's vocabulary ------------------------------------------
+
+def test_rt_vocabulary_is_the_trainers_in_python_and_in_tensorflow():
+    from ntl_jax.data import rt_vocabulary as rt
+
+    vocab, trainer = vocabularies.rt_vocabulary(), rt.vocabulary()
+    assert vocab.vocab_size == trainer.vocab_size == 1550 and vocab.eos_id == 1 and vocab.pad_id == 0
+    for text in SAMPLE_TEXT:
+        ids = trainer.encode(text)
+        assert vocab.encode(text) == ids
+        assert vocab.encode_tf(tf.constant(text)).numpy().tolist() == ids
+        assert vocab.decode(ids) == trainer.decode(ids) == text  # digits kept as written
+        assert vocab.decode_tf(tf.constant(ids)).numpy().decode() == text
+        assert not set(ids) & set(digit_token_ids(trainer.base))  # no plain digit token left
+    assert [vocab.id_to_piece(i) for i in vocab.encode("-12.5")] == ["▁-", "_1_1_", "_2_0_", "_5_-1_"]
+    batch = vocab.encode_tf(tf.constant(SAMPLE_TEXT[:3]))
+    assert batch.to_list() == [trainer.encode(t) for t in SAMPLE_TEXT[:3]]
+    # A batch decodes through its first EOS, as seqio's vocabularies do.
+    rows = [trainer.encode("3.25") + [1, 7, 7], trainer.encode("12") + [1, 0, 0]]
+    rows[1] += [0] * (len(rows[0]) - len(rows[1]))
+    assert vocab.decode_tf(tf.constant(rows)).numpy().tolist() == [b"3.25", b"12"]
+
+
+def test_rt_number_tokens_value_each_digit_whatever_its_place():
+    vocab = vocabularies.rt_vocabulary()
+    numbers = vocab.number_tokens()
+    ids = vocab.encode("905.1")
+    assert [vocab.id_to_piece(i) for i in ids] == ["▁", "_9_2_", "_0_1_", "_5_0_", "_1_-1_"]
+    assert list(np.asarray(numbers.values)[ids[1:]]) == [9, 0, 5, 1]
+    assert np.isnan(np.asarray(numbers.values)[ids[0]])
+    assert len(numbers.ids) == 550 and int(numbers.ids[0]) == vocab.vocab_size - 550
+
+
+def test_rt_a_number_beyond_the_places_is_an_error_in_a_tf_data_pipeline_too():
+    vocab = vocabularies.rt_vocabulary()
+    too_long = "1" + "0" * 32  # 33 integer digits: places 32..0, the table's top is 31
+    with pytest.raises(ValueError, match="RT places run 31..-23"):
+        vocab.encode(too_long)
+    dataset = tf.data.Dataset.from_tensor_slices([too_long]).map(vocab.encode_tf)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="RT places run 31..-23"):
+        list(dataset)
+
+
+def test_rt_vocabulary_pickles_and_compares_by_its_pieces():
+    vocab = vocabularies.rt_vocabulary()
+    again = pickle.loads(pickle.dumps(vocab))
+    assert again == vocab and hash(again) == hash(vocab)
+    assert again.encode("7.5") == vocab.encode("7.5")
+    assert vocab != vocabularies.sentencepiece_vocabulary()

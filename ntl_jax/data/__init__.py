@@ -1,6 +1,7 @@
 """The data: the DeepMind mathematics data (module catalogue, release-layout reader,
-offline generator), the shipped SentencePiece vocabulary (`default_vocabulary`), the
-number metrics on decoded text (`ntl_jax.data.metrics`) and the diabetes task.
+offline generator), the shipped SentencePiece vocabulary (`default_vocabulary`) and the
+Regression Transformer's on it (`ntl_jax.data.rt_vocabulary`), the number metrics on
+decoded text (`ntl_jax.data.metrics`) and the diabetes task.
 
 Importing this package needs only Python and numpy; the generator
 (`ntl_jax.data.generate`) needs

@@ -7,9 +7,11 @@
   paper's T5 tokenizer did: every piece containing a digit is split into single
   characters. Use it to fine-tune public T5 checkpoints with their own vocabulary.
 * `byte_vocabulary()`: `seqio.ByteVocabulary` is digit-level as it is (digits are ids 51..60).
+* `rt_vocabulary()`: the Regression Transformer's (`RtSeqioVocabulary`), the shipped model
+  with a token per digit and decimal place, the ids of the trainer's RT systems.
 
-`ntl_jax.NumberTokens.from_vocabulary` accepts all three and finds exactly ten digit
-tokens.
+`ntl_jax.NumberTokens.from_vocabulary` accepts the first three and finds exactly ten digit
+tokens; the RT vocabulary's are its `number_tokens()`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from ntl_jax.data import rt_vocabulary as rt_vocabulary_lib
 from ntl_jax.data.vocabulary import DEFAULT_SPM_PATH
 
 _HAS_DIGIT = re.compile(r"\d")
@@ -201,21 +204,118 @@ class DigitSplitVocabulary(seqio.Vocabulary):
         return self._base.decode_tf(ids)
 
     def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
-        """Encodes a scalar (-> `[n]`) or 1-D (-> ragged `[b, None]`) tf.string tensor."""
-        s = tf.convert_to_tensor(s, dtype=tf.string)
+        return _encode_tf(self._encode, s)
 
-        def encode_one(x):
-            x = x.item() if isinstance(x, np.ndarray) else x  # 0-d bytes array
-            return np.asarray(self._encode(x.decode("utf-8")), dtype=np.int32)
 
-        def encode_scalar(x):
-            ids = tf.numpy_function(encode_one, [x], tf.int32, stateful=False)
-            ids.set_shape([None])
-            return ids
+def _encode_tf(encode, s) -> tf.Tensor:
+    """`encode` (a Python `str -> ids`) on a scalar (-> `[n]`) or 1-D (-> ragged
+    `[b, None]`) tf.string tensor."""
+    s = tf.convert_to_tensor(s, dtype=tf.string)
 
-        if s.shape.rank == 0:
-            return encode_scalar(s)
-        if s.shape.rank == 1:
-            return tf.map_fn(encode_scalar, s,
-                             fn_output_signature=tf.RaggedTensorSpec([None], tf.int32))
-        raise ValueError(f"expected a scalar or 1-D string tensor, got shape {s.shape}")
+    def encode_one(x):
+        x = x.item() if isinstance(x, np.ndarray) else x  # 0-d bytes array
+        return np.asarray(encode(x.decode("utf-8")), dtype=np.int32)
+
+    def encode_scalar(x):
+        ids = tf.numpy_function(encode_one, [x], tf.int32, stateful=False)
+        ids.set_shape([None])
+        return ids
+
+    if s.shape.rank == 0:
+        return encode_scalar(s)
+    if s.shape.rank == 1:
+        return tf.map_fn(encode_scalar, s, fn_output_signature=tf.RaggedTensorSpec([None], tf.int32))
+    raise ValueError(f"expected a scalar or 1-D string tensor, got shape {s.shape}")
+
+
+def _decode_tf(decode, ids) -> tf.Tensor:
+    """`decode` (a Python `ids -> str`) on `[n]` (-> a scalar) or `[b, n]` (-> `[b]`) ids."""
+    ids = tf.convert_to_tensor(ids, dtype=tf.int32)
+
+    def decode_one(row):
+        return np.asarray(decode(row.tolist()).encode("utf-8"), dtype=object)
+
+    def decode_row(row):
+        text = tf.numpy_function(decode_one, [row], tf.string, stateful=False)
+        text.set_shape([])
+        return text
+
+    if ids.shape.rank == 1:
+        return decode_row(ids)
+    if ids.shape.rank == 2:
+        return tf.map_fn(decode_row, ids, fn_output_signature=tf.TensorSpec([], tf.string))
+    raise ValueError(f"expected 1-D or 2-D ids, got shape {ids.shape}")
+
+
+class RtSeqioVocabulary(seqio.Vocabulary):
+    """The Regression Transformer's vocabulary (`ntl_jax.data.rt_vocabulary`) as a seqio
+    vocabulary: the shipped SentencePiece model with the RT pieces `_d_p_` (digit d at
+    place p) after its ids, every digit of a number one RT token. Ids, encoding and
+    decoding are the trainer's RT vocabulary's, in Python and in TensorFlow; a number
+    with a digit beyond the places of the pieces file is an error, never a wrong token.
+    `number_tokens()` values each RT token at its digit, whatever its place (the
+    authors' `ignore_order=True`).
+
+    Examples:
+      >>> vocab = rt_vocabulary()
+      >>> [vocab.id_to_piece(i) for i in vocab.encode("-12.5")]
+      ['▁-', '_1_1_', '_2_0_', '_5_-1_']
+      >>> vocab.decode(vocab.encode("-12.5"))
+      '-12.5'
+    """
+
+    def __init__(self, rt: rt_vocabulary_lib.RtVocabulary | None = None):
+        self._rt = rt if rt is not None else rt_vocabulary_lib.vocabulary()
+        super().__init__(extra_ids=0)
+
+    @property
+    def rt(self) -> rt_vocabulary_lib.RtVocabulary:
+        return self._rt
+
+    def __eq__(self, other):
+        return isinstance(other, RtSeqioVocabulary) and str(self) == str(other)
+
+    def __hash__(self):
+        return hash(str(self))
+
+    def __str__(self) -> str:
+        return f"RtSeqioVocabulary({self._rt.pieces_path}, places {self._rt.max_place}..{self._rt.min_place})"
+
+    @property
+    def _base_vocab_size(self) -> int:
+        return self._rt.vocab_size
+
+    @property
+    def eos_id(self) -> int:
+        return self._rt.eos_id
+
+    @property
+    def unk_id(self) -> int:
+        return self._rt.unk_id
+
+    @property
+    def pad_id(self) -> int:
+        return self._rt.pad_id
+
+    def id_to_piece(self, i: int) -> str:
+        return self._rt.id_to_piece(i)
+
+    def number_tokens(self):
+        return self._rt.number_tokens()
+
+    def _encode(self, s: str) -> Sequence[int]:
+        return self._rt.encode(s)
+
+    def _decode(self, ids):
+        return self._rt.decode(ids)
+
+    def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
+        return _encode_tf(self._encode, s)
+
+    def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
+        return _decode_tf(self._decode, ids)
+
+
+def rt_vocabulary() -> RtSeqioVocabulary:
+    """The Regression Transformer's vocabulary of the trainer, as a seqio vocabulary."""
+    return RtSeqioVocabulary()

@@ -6,7 +6,7 @@ greedy decoding. The paper's baselines differ in one place each:
 
 * "regression-head" (`regression_head`): its own network (encoder -> one number) and
   step; encoder-decoder only.
-* "rt", "rt+ntl-mse" (`regression_transformer`): the Regression Transformer's number
+* "rt", "rt+ntl-mse" (`ntl_jax.data.rt_vocabulary`): the Regression Transformer's number
   tokens, a vocabulary of their own; trained as the token losses "ce" and "ntl-mse".
 * "xval" (`xval`): numbers as one `[NUM]` token scaled by the value, with a number
   head; its own network and step; encoder-decoder only.
@@ -88,9 +88,9 @@ def vocabulary(system: str) -> Any:
     from ntl_jax.train import data as data_lib
 
     if vocabulary_name(system) == "rt":
-        from ntl_jax.train import regression_transformer
+        from ntl_jax.data import rt_vocabulary
 
-        return regression_transformer.vocabulary()
+        return rt_vocabulary.vocabulary()
     return data_lib.default_vocabulary()
 
 

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("sentencepiece")
 
-from ntl_jax.train import regression_transformer as rt  # noqa: E402
+from ntl_jax.data import rt_vocabulary as rt  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BASE_SIZE = 1000  # the shipped SentencePiece vocabulary
@@ -139,7 +139,7 @@ def test_train_help_names_the_rt_systems(capsys):
 
 
 def test_import_is_light():
-    code = ("import sys, ntl_jax.train.regression_transformer as r; "
+    code = ("import sys, ntl_jax.data.rt_vocabulary as r; "
             "print(sorted(m for m in ('sentencepiece', 'flax', 'tensorflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

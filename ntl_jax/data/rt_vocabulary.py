@@ -6,7 +6,8 @@ times 10^p): 12.5 is `_1_1_ _2_0_ _5_-1_`. The paper trains it with cross-entrop
 and with CE + NTL-MSE ("rt+ntl-mse", the authors' `rt_ntl`). `RtVocabulary` is the
 shipped SentencePiece vocabulary (`ntl_jax.data.vocabulary.default_vocabulary()`) with the RT
 pieces of `vocab_assets/rt_number_tokens.txt` (`scripts/make_rt_vocab.py`) appended
-after its ids; everything but numbers is tokenized as before.
+after its ids; everything but numbers is tokenized as before. The trainer's RT systems
+and SeqIO (`ntl_jax.seqio.rt_vocabulary()`) use the same ids.
 
 Conventions, those of the authors' `rt_tokenizer.py` unless said otherwise:
 
@@ -85,7 +86,7 @@ class RtVocabulary:
     ('-12.5', 1550)
     """
 
-    system_vocabulary = "rt"  # `systems.vocabulary_name_of`
+    system_vocabulary = "rt"  # the name the trainer knows this vocabulary by
 
     def __init__(self, base: Any = None, pieces_path: str = PIECES_PATH):
         if base is None:
