@@ -25,10 +25,11 @@ def _first(name, split, n=1):
 
 def test_names_and_splits():
     names = set(tasks.REGISTERED)
-    # 56 modules + 14 extrapolation-only sets + the ablation task, twice; 4 mixtures.
-    assert len(names) == 2 * (56 + 14 + 1) + 4
+    # 56 modules + 14 extrapolation-only sets + the ablation task, on three vocabularies;
+    # 2 mixtures each.
+    assert len(names) == 3 * (56 + 14 + 1) + 6
     for module in catalogue.TRAIN_MODULES:
-        assert f"ntl_math_{module}" in names and f"ntl_math_{module}_byte" in names
+        assert {f"ntl_math_{module}{suffix}" for suffix in ("", "_byte", "_rt")} <= names
     add = seqio.get_mixture_or_task("ntl_math_arithmetic__add_sub_multiple")
     assert list(add.splits) == ["train", "validation", "test_interpolate", "test_extrapolate"]
     assert list(seqio.get_mixture_or_task("ntl_math_algebra__linear_1d").splits) == [
@@ -43,11 +44,11 @@ def test_names_and_splits():
 
 
 def _every_task():
-    """Each registered task; of the byte-vocabulary twins (the same generators read
-    through another vocabulary) one runs by default, every one with --long."""
+    """Each registered task; of the byte- and RT-vocabulary twins (the same generators
+    read through another vocabulary) one of each runs by default, every one with --long."""
     names = sorted(tasks.REGISTERED)
-    byte = [name for name in names if name.endswith("_byte")]
-    return [pytest.param(name, marks=LONG if name in byte[1:] else ()) for name in names]
+    twins = [name for suffix in ("_byte", "_rt") for name in [n for n in names if n.endswith(suffix)][1:]]
+    return [pytest.param(name, marks=LONG if name in twins else ()) for name in names]
 
 
 # The task whose every split is read by default. A task's train, validation and
@@ -83,6 +84,20 @@ def test_generated_examples_match_the_task_and_digits_are_tokens():
     assert values[~np.isnan(values)].tolist() == [float(c) for c in digits]
     (bex,) = _first("ntl_math_arithmetic__add_sub_multiple_byte", "test_extrapolate")
     assert bex["targets"].tolist() == [b + 3 for b in a.encode()] + [1]  # bytes + 3, EOS
+
+
+def test_rt_tasks_write_each_digit_with_its_place():
+    (ex,) = _first("ntl_math_arithmetic__add_sub_multiple_rt", "test_extrapolate")
+    q, a = generate.examples("arithmetic__add_sub_multiple", "test_extrapolate", 1)[0]
+    v = vocabularies.rt_vocabulary()
+    assert seqio.get_mixture_or_task("ntl_math_arithmetic__add_sub_multiple_rt").output_features[
+        "targets"].vocabulary == v
+    assert ex["targets"].tolist() == v.rt.encode(a) + [1] and ex["inputs"].tolist() == v.rt.encode(q) + [1]
+    assert v.decode(ex["targets"].tolist()) == a
+    values = np.asarray(v.number_tokens().values)[ex["targets"]]
+    assert values[~np.isnan(values)].tolist() == [float(c) for c in a if c.isdigit()]
+    assert [t.name for t in seqio.get_mixture_or_task("ntl_math_arithmetic_ablation_rt").tasks] == [
+        "ntl_math_ablation__arithmetic__add_sub_multiple_rt"]
 
 
 @pytest.fixture(scope="module")

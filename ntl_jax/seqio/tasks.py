@@ -4,15 +4,16 @@ Names (`<module>` as in `ntl_jax.data.TRAIN_MODULES`):
 
 * `ntl_math_<module>`: the digit-split SentencePiece vocabulary shipped in the package
   (`ntl_jax.seqio.vocabularies.sentencepiece_vocabulary()`); `ntl_math_<module>_byte`:
-  `seqio.ByteVocabulary`.
+  `seqio.ByteVocabulary`; `ntl_math_<module>_rt`: the Regression Transformer's
+  (`ntl_jax.seqio.vocabularies.rt_vocabulary()`, a token per digit and decimal place).
   Splits `train`, `validation`, `test_interpolate`, and `test_extrapolate` where the
   module has an extrapolation set.
-* `ntl_math_<extrapolation module>` (+ `_byte`) for extrapolation sets whose name is not
+* `ntl_math_<extrapolation module>` (+ `_byte`, `_rt`) for extrapolation sets whose name is not
   a training module's (e.g. `ntl_math_arithmetic__mixed_longer`): `test_extrapolate` only.
-* `ntl_math_ablation__arithmetic__add_sub_multiple` (+ `_byte`): the paper's ablation
+* `ntl_math_ablation__arithmetic__add_sub_multiple` (+ `_byte`, `_rt`): the paper's ablation
   sizes, 33,333 training and 1,000 validation pairs per difficulty.
 * Mixtures `ntl_math_paper13` (13 modules, 7 extrapolation sets) and
-  `ntl_math_arithmetic_ablation`, each also with `_byte`.
+  `ntl_math_arithmetic_ablation`, each also with `_byte` and `_rt`.
 
 Features `inputs` (question) and `targets` (answer), both with EOS. Data: the
 DeepMind release layout under `$NTL_JAX_MATH_DIR` when that is set (see
@@ -32,7 +33,8 @@ import tensorflow as tf
 from ntl_jax.data import catalogue, metrics, reader
 from ntl_jax.seqio import vocabularies
 
-__all__ = ["ABLATION_TASK", "DATA_DIR_ENV", "PREFIX", "REGISTERED", "MathFileDataSource", "register_tasks"]
+__all__ = ["ABLATION_TASK", "DATA_DIR_ENV", "PREFIX", "REGISTERED", "VOCABULARIES", "MathFileDataSource",
+           "register_tasks"]
 
 DATA_DIR_ENV = "NTL_JAX_MATH_DIR"
 PREFIX = "ntl_math"
@@ -127,7 +129,12 @@ def _generated_source(split_parts: Mapping[str, Sequence[_Part]], seed: int):
                                     num_input_examples=sizes or None)
 
 
-def _add_task(name: str, split_parts, *, data_dir, seed, byte, module_hint):
+# Task name suffix -> the vocabulary of its features.
+VOCABULARIES = {"": vocabularies.sentencepiece_vocabulary, "_byte": vocabularies.byte_vocabulary,
+                "_rt": vocabularies.rt_vocabulary}
+
+
+def _add_task(name: str, split_parts, *, data_dir, seed, vocabulary, module_hint):
     if name in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(name)
     if data_dir:
@@ -142,7 +149,7 @@ def _add_task(name: str, split_parts, *, data_dir, seed, byte, module_hint):
             seqio.preprocessors.tokenize,
             seqio.preprocessors.append_eos_after_trim,
         ],
-        output_features=vocabularies.output_features(byte),
+        output_features=vocabularies.output_features(vocabulary=vocabulary),
         postprocess_fn=_postprocess,
         metric_fns=[metrics.number_metrics, metrics.exact_match],
         shuffle_buffer_size=10_000,
@@ -186,9 +193,9 @@ def register_tasks(data_dir: str | None = None, *, prefix: str = PREFIX, seed: i
     names: list[str] = []
 
     def add(task: str, parts: dict, hint: str):
-        for byte in (False, True):
-            name = f"{prefix}_{task}" + ("_byte" if byte else "")
-            _add_task(name, parts, data_dir=data_dir, seed=seed, byte=byte, module_hint=hint)
+        for suffix, vocabulary in VOCABULARIES.items():
+            name = f"{prefix}_{task}{suffix}"
+            _add_task(name, parts, data_dir=data_dir, seed=seed, vocabulary=vocabulary(), module_hint=hint)
             names.append(name)
 
     for module in catalogue.TRAIN_MODULES:
@@ -213,7 +220,7 @@ def register_tasks(data_dir: str | None = None, *, prefix: str = PREFIX, seed: i
     }
     add(ABLATION_TASK, ablation, "ablation")
 
-    for suffix in ("", "_byte"):
+    for suffix in VOCABULARIES:
         paper13 = [f"{prefix}_{x}{suffix}" for x in catalogue.PAPER13_MODULES]
         # Extrapolation sets of the paper that extend modules outside the 13.
         paper13 += [f"{prefix}_{x}{suffix}" for x in catalogue.PAPER13_EXTRAPOLATE

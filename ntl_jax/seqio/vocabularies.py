@@ -41,10 +41,13 @@ def byte_vocabulary() -> seqio.ByteVocabulary:
     return seqio.ByteVocabulary()
 
 
-def output_features(byte: bool = False) -> dict[str, seqio.Feature]:
+def output_features(byte: bool = False, *, vocabulary: seqio.Vocabulary | None = None) -> dict[str, seqio.Feature]:
     """`inputs` and `targets` features, both with EOS, on the shipped SentencePiece
-    vocabulary or (`byte`) on `seqio.ByteVocabulary`: those of every ntl_jax task."""
-    v = byte_vocabulary() if byte else sentencepiece_vocabulary()
+    vocabulary, (`byte`) on `seqio.ByteVocabulary`, or on `vocabulary`: those of every
+    ntl_jax task."""
+    if vocabulary is not None and byte:
+        raise ValueError(f"expected byte=True or a vocabulary, got both (vocabulary={vocabulary})")
+    v = vocabulary or (byte_vocabulary() if byte else sentencepiece_vocabulary())
     return {
         "inputs": seqio.Feature(vocabulary=v, add_eos=True, required=True),
         "targets": seqio.Feature(vocabulary=v, add_eos=True),
