@@ -47,7 +47,7 @@ def output_features(byte: bool = False, *, vocabulary: seqio.Vocabulary | None =
     ntl_jax task."""
     if vocabulary is not None and byte:
         raise ValueError(f"expected byte=True or a vocabulary, got both (vocabulary={vocabulary})")
-    v = vocabulary or (byte_vocabulary() if byte else sentencepiece_vocabulary())
+    v = vocabulary if vocabulary is not None else byte_vocabulary() if byte else sentencepiece_vocabulary()
     return {
         "inputs": seqio.Feature(vocabulary=v, add_eos=True, required=True),
         "targets": seqio.Feature(vocabulary=v, add_eos=True),
