@@ -17,21 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import platform
 import shutil
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from ntl_jax.cli.compare import cpu_model  # noqa: E402
 
 KEPT = ("config.json", "results.json", "metrics.jsonl")
 MACHINES = "machines.json"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def finished_seeds(out: pathlib.Path) -> dict[str, list[pathlib.Path]]:
@@ -60,7 +54,7 @@ def keep(out: pathlib.Path, kept: pathlib.Path) -> list[str]:
             for name in KEPT:
                 if (d / name).exists():
                     shutil.copy2(d / name, target / name)
-        machines[seed] = _cpu_model()
+        machines[seed] = cpu_model()
         new.append(seed)
     machines_file.write_text(json.dumps(dict(sorted(machines.items(), key=lambda kv: int(kv[0][5:]))), indent=1)
                              + "\n")

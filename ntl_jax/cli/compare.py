@@ -270,7 +270,8 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (per-seed values follow its float kernels)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -285,7 +286,7 @@ def _machine() -> str:
     import jax
 
     device = jax.devices()[0]
-    cores = f"{_cpu_model()}, {os.cpu_count()} cores"
+    cores = f"{cpu_model()}, {os.cpu_count()} cores"
     if device.platform == "cpu":
         return f"{cores}, JAX on CPU"
     return f"{cores}, JAX on {getattr(device, 'device_kind', device.platform)}"
