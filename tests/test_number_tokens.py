@@ -244,3 +244,20 @@ def test_prefixed_numbers_strip_one_marker_and_leave_the_dot_alone():
 def test_from_tokenizer_without_a_usable_api_is_a_type_error(bad, hint):
     with pytest.raises(TypeError, match=r"expected a tokenizer with `convert_ids_to_tokens`.*" + hint):
         NumberTokens.from_tokenizer(bad)
+
+
+def test_a_vocabulary_with_its_own_number_tokens_gives_them():
+    from ntl_jax.data import rt_vocabulary
+
+    rt = rt_vocabulary.vocabulary()
+    table = NumberTokens.from_vocabulary(rt)
+    assert table is rt.number_tokens() and table.num_numbers == 550
+
+    class Wrong:
+        vocab_size = 3
+
+        def number_tokens(self):
+            return {"0": 0}
+
+    with pytest.raises(TypeError, match=r"Wrong.number_tokens\(\) to return NumberTokens, got dict"):
+        NumberTokens.from_vocabulary(Wrong())

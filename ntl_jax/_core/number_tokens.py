@@ -243,8 +243,20 @@ class NumberTokens:
         `vocabulary.vocab_size`. For a Hugging Face or SentencePiece tokenizer use
         `from_tokenizer` (`vocab_size` leaves out a `transformers` tokenizer's added tokens,
         and `decode` turns `Ġ12` into ` 12`).
+
+        A vocabulary whose number tokens are not plain numbers (the Regression
+        Transformer's `_d_p_`, `ntl_jax.seqio.rt_vocabulary()`) gives its own table
+        through a `number_tokens()` method, which is returned as it is.
         """
         from ntl_jax._core.tokenizer_pieces import vocabulary_pieces
+
+        own = getattr(vocabulary, "number_tokens", None)
+        if callable(own):
+            table = own()
+            if not isinstance(table, cls):
+                raise TypeError(f"expected {type(vocabulary).__name__}.number_tokens() to return NumberTokens, "
+                                f"got {type(table).__name__}")
+            return table
 
         return cls.from_pieces(vocabulary_pieces(vocabulary), digit_level=digit_level)
 

@@ -93,6 +93,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                    help="width of the Gaussian label of the gce losses (gce, gce+ntl-*): at a number "
                         "target y, q_j ~ exp(-(v_j - y)^2 / (2 SIGMA^2)) over the number tokens"
                         + (", several to sweep it" if sweep else "") + " (default: 1.0, the authors')")
+    g.add_argument("--rt-float-encodings", action=argparse.BooleanOptionalAction, default=True,
+                   help="rt, rt+ntl-mse: add the authors' fixed float encodings (each RT token's value, "
+                        "log-scaled) to the input embeddings of the RT number tokens, in the encoder "
+                        "and the decoder, as their RT does (default: %(default)s)")
     g.add_argument("--fused-loss", action=argparse.BooleanOptionalAction, default=True,
                    help="compute the loss from the decoder's hidden states without forming the "
                         "[batch, length, vocab] logits (ntl_jax.fused_cross_entropy_and_ntl; the "
@@ -145,7 +149,8 @@ def make_config(args: argparse.Namespace, loss: str, seed: int, **overrides):
                   seed=seed, optimizer=args.optimizer, learning_rate=args.learning_rate,
                   warmup_steps=args.warmup_steps, ntl_weight=getattr(args, systems.weight_flag(loss)),
                   dropout_rate=getattr(args, "dropout_rate", 0.0),
-                  fused_loss=args.fused_loss, data=data,
+                  fused_loss=args.fused_loss, rt_float_encodings=getattr(args, "rt_float_encodings", True),
+                  data=data,
                   log_every=args.log_every, checkpoint_every=args.checkpoint_every,
                   eval_every=args.eval_every)
     if getattr(args, "init_from", ""):

@@ -248,6 +248,34 @@ class RtVocabulary:
             out += [int(digit_ids[digits.get(p, 0)]) for p in range(-1, low - 1, -1)]
         return out
 
+    # ---- the authors' float encodings ---------------------------------------------------
+    def float_encodings(self, emb_dim: int, rows: int | None = None) -> np.ndarray:
+        """`[rows, emb_dim]` float32: the fixed vector the authors' RT adds to the input
+        embedding of each token (`FloatEncoding` with `log_scale_embeddings`, V_MAX = 3e9).
+
+        The RT token `_d_p_` with value v = d * 10^p gets v / (2i + 1) at column 2i and
+        -v / (2i + 1) at column 2i + 1, each log-scaled (`number_scaling.scale_values`);
+        every other row is 0 (`rows`, default `vocab_size`, may pad the table).
+
+        >>> v = vocabulary()
+        >>> [round(float(x), 4) for x in v.float_encodings(4)[v.rt_id(5, 1)]]  # 50, -50, 50/3, -50/3
+        [1.8018, -1.8018, 1.316, -1.316]
+        """
+        from ntl_jax.data.number_scaling import scale_values
+
+        rows = self.vocab_size if rows is None else int(rows)
+        if int(emb_dim) < 2 or int(emb_dim) % 2:
+            raise ValueError(f"expected an even emb_dim >= 2 (the encodings come in +/- pairs), got {emb_dim}")
+        if rows < self.vocab_size:
+            raise ValueError(f"expected rows >= vocab_size {self.vocab_size}, got {rows}")
+        k = np.arange(len(self.pieces))
+        values = (k % 10) * np.power(10.0, self.max_place - k // 10)
+        divisors = np.repeat(np.arange(1, int(emb_dim), 2, dtype=np.float64), 2)
+        signs = np.tile([1.0, -1.0], int(emb_dim) // 2)
+        table = np.zeros((rows, int(emb_dim)), np.float32)
+        table[self.base_size:self.vocab_size] = scale_values(values[:, None] * signs / divisors)
+        return table
+
     # ---- NTL --------------------------------------------------------------------------
     def number_tokens(self):
         """The `NumberTokens` of the RT pieces, each valued at its digit (cached)."""

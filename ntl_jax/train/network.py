@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from ntl_jax.flax.number_embeddings import RtFloatEncodings
+
 Array = jax.Array
 NEG_INF = -1e10  # large finite negative: masked logits never become NaN
 
@@ -570,10 +572,27 @@ class DecoderOnlyTransformer(nn.Module):
         return logits.astype(jnp.float32)
 
 
-def make_model(architecture: str, config: T5Config) -> nn.Module:
-    """`Transformer` for "encoder-decoder", `DecoderOnlyTransformer` for "decoder-only"."""
+class RtTransformer(RtFloatEncodings, Transformer):
+    """`Transformer` with the Regression Transformer's float encodings added to its
+    input embeddings (`ntl_jax.flax.number_embeddings`); on the RT vocabulary."""
+
+
+class RtDecoderOnlyTransformer(RtFloatEncodings, DecoderOnlyTransformer):
+    """`DecoderOnlyTransformer` with the RT float encodings, as `RtTransformer`."""
+
+
+# What a network adds to its input embeddings: nothing, or the RT float encodings.
+FLOAT_ENCODINGS: tuple[str, ...] = ("none", "rt")
+
+
+def make_model(architecture: str, config: T5Config, float_encodings: str = "none") -> nn.Module:
+    """`Transformer` for "encoder-decoder", `DecoderOnlyTransformer` for "decoder-only";
+    with `float_encodings="rt"`, their RT versions."""
+    if float_encodings not in FLOAT_ENCODINGS:
+        raise ValueError(f"float_encodings must be one of {FLOAT_ENCODINGS}, got {float_encodings!r}")
+    rt = float_encodings == "rt"
     if architecture == "encoder-decoder":
-        return Transformer(config)
+        return RtTransformer(config) if rt else Transformer(config)
     if architecture == "decoder-only":
-        return DecoderOnlyTransformer(config)
+        return RtDecoderOnlyTransformer(config) if rt else DecoderOnlyTransformer(config)
     raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")

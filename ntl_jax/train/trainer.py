@@ -47,6 +47,9 @@ class TrainConfig:
     # (`ntl_jax.fused_cross_entropy_and_ntl`); equal to float32 rounding, so part of
     # a checkpoint's identity (a resumed run repeats its arithmetic bit for bit).
     fused_loss: bool = True
+    # The RT systems: add the authors' fixed float encodings to the input embeddings of
+    # the RT number tokens (`ntl_jax.flax.number_embeddings`); part of those runs' identity only.
+    rt_float_encodings: bool = True
     data: data_lib.DataConfig = data_lib.DataConfig()
     architecture: str = "encoder-decoder"  # network.ARCHITECTURES; = data.architecture
     # Another run's directory: start from its final parameters (fresh optimizer state,
@@ -96,7 +99,13 @@ class TrainConfig:
             d.pop("fused_loss")
         if not step_lib.uses_gce(self.loss):  # not used: as runs saved before the option existed
             d.pop("gce_sigma")
+        if systems.vocabulary_name(self.loss) != "rt":  # not used
+            d.pop("rt_float_encodings")
         return d
+
+    def float_encodings(self) -> str:
+        """What the network adds to its input embeddings (`network.FLOAT_ENCODINGS`)."""
+        return "rt" if systems.vocabulary_name(self.loss) == "rt" and self.rt_float_encodings else "none"
 
 
 class Interrupted(Exception):
@@ -176,8 +185,7 @@ def check_output_dir(out_dir: str) -> str:
 def number_tokens_of(vocabulary) -> NumberTokens:
     """`NumberTokens` of `vocabulary` (the network's rounded-up ids beyond it are no
     numbers); a vocabulary whose pieces are not plain numbers (RT's) gives its own."""
-    own = getattr(vocabulary, "number_tokens", None)
-    return own() if own is not None else NumberTokens.from_vocabulary(vocabulary)
+    return NumberTokens.from_vocabulary(vocabulary)
 
 
 def number_tokens_digest(number_tokens: NumberTokens) -> str:
@@ -215,6 +223,7 @@ class StepSpec:
     z_loss: float
     fused_loss: bool
     gce_sigma: float
+    float_encodings: str
     number_tokens: NumberTokens = dataclasses.field(compare=False, repr=False)
 
     @classmethod
@@ -228,7 +237,7 @@ class StepSpec:
                    ntl_weight=config.ntl_weight,
                    z_loss=config.z_loss, fused_loss=config.fused_loss,
                    gce_sigma=config.gce_sigma if step_lib.uses_gce(config.loss) else 0.0,
-                   number_tokens=number_tokens)
+                   float_encodings=config.float_encodings(), number_tokens=number_tokens)
 
 
 # Only the latest is kept: a resumed or repeated run in the same process (tests,
@@ -236,7 +245,7 @@ class StepSpec:
 @functools.lru_cache(maxsize=1)
 def build_step(spec: StepSpec):
     """`(model, optimizer, train_step)` of `spec`; the same objects for equal specs."""
-    model = network.make_model(spec.architecture, spec.model_config)
+    model = network.make_model(spec.architecture, spec.model_config, spec.float_encodings)
     optimizer = optim.make_optimizer(
         spec.optimizer, learning_rate=spec.learning_rate, total_steps=spec.total_steps,
         warmup_steps=spec.warmup_steps, schedule=spec.schedule,

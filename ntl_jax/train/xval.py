@@ -11,15 +11,16 @@ Numbers are the matches of `-?[0-9]+(\\.[0-9]+)?`: a leading "-" belongs to the 
 so "5 - 3" keeps its operator but "-3" is one number (and "5-3", without spaces, reads
 as 5 and -3; the mathematics generator spaces its binary operators).
 
-Scaling: a value x enters as `s = sign(x) * log10(1 + |x|) / (log10(V_MAX) / 10)` with
-V_MAX = 3e9, so |s| <= 10 up to V_MAX. Caveat: xVal's embedding-times-value encoding
-works for values in about [-5, 5] (xVal normalises its data to that range): a layer's
-input norm divides a vector's scale out, so a value is seen only relative to what else
-the residual stream holds (the authors also add learned absolute position embeddings to
-the inputs; our T5 has relative position biases only, so the first layer's normed input
-at a `[NUM]` carries just the value's sign). The log scaling brings values up to V_MAX
-into [-10, 10] at the price of resolution: near x = 1000 one unit of x is about 4.6e-4
-of s, so the head must be that precise to get an integer answer right.
+Scaling (`ntl_jax.data.number_scaling`): a value x enters as
+`s = sign(x) * log10(1 + |x|) / (log10(V_MAX) / 10)` with V_MAX = 3e9, so |s| <= 10 up
+to V_MAX. Caveat: xVal's embedding-times-value encoding works for values in about
+[-5, 5] (xVal normalises its data to that range): a layer's input norm divides a
+vector's scale out, so a value is seen only relative to what else the residual stream
+holds (the authors also add learned absolute position embeddings to the inputs; our T5
+has relative position biases only, so the first layer's normed input at a `[NUM]`
+carries just the value's sign). The log scaling brings values up to V_MAX into
+[-10, 10] at the price of resolution: near x = 1000 one unit of x is about 4.6e-4 of
+s, so the head must be that precise to get an integer answer right.
 
 Loss: `(CE + MSE) / 2`, CE the mean token cross-entropy over the non-padding targets
 (`[NUM]` being one token), MSE the mean squared error of the head against the scaled
@@ -57,33 +58,15 @@ import numpy as np
 import optax
 from flax import linen as nn
 
+from ntl_jax.data.number_scaling import SCALE_DIVISOR, V_MAX, scale_values, unscale_values  # noqa: F401  (this module's API too)
 from ntl_jax.train import network
 from ntl_jax.train.data import EOS_ID, EvalSet
 
 LOSS = "xval"  # the trainer's `loss` value for this baseline
 NUM_TOKEN = "[NUM]"
-V_MAX = 3e9
-SCALE_DIVISOR = math.log10(V_MAX) / 10  # log10(3e9) / 10 = 0.9477...
 NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 _PLACEHOLDER = "0"  # a digit: its own token in a digit-split vocabulary, absent from number-free text
 _CACHE_LIMIT = 1 << 18
-
-
-def scale_values(values) -> np.ndarray:
-    """`sign(x) * log10(1 + |x|) / (log10(V_MAX) / 10)`, float64.
-
-    >>> scale_values([0.0, 9.0, -999.0, 3e9]).round(4).tolist()
-    [0.0, 1.0552, -3.1655, 10.0]
-    """
-    x = np.asarray(values, np.float64)
-    return np.sign(x) * np.log10(1.0 + np.abs(x)) / SCALE_DIVISOR
-
-
-def unscale_values(scaled) -> np.ndarray:
-    """The inverse of `scale_values` (inf where `10**(|s| * ...)` overflows), float64."""
-    s = np.asarray(scaled, np.float64)
-    with np.errstate(over="ignore"):
-        return np.sign(s) * (np.power(10.0, np.abs(s) * SCALE_DIVISOR) - 1.0)
 
 
 def extract_numbers(text: str, placeholder: str = NUM_TOKEN) -> tuple[str, list[float]]:

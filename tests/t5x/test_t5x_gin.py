@@ -37,7 +37,9 @@ EXPERIMENTS = [f for f in ALL_FILES if f.startswith("experiments/")]
 LOSS_FILES = [f for f in ALL_FILES if f.startswith("losses/")]
 MODEL_FILES = [f for f in ALL_FILES if re.fullmatch(r"models/(t5_1_[01]_\w+|decoder_only_\w+)_ntl\.gin", f)]
 PAPER_RUNS = [f for f in ALL_FILES if f.startswith("paper/")]
-OVERLAYS = sorted(set(ALL_FILES) - set(EXPERIMENTS) - set(LOSS_FILES) - set(MODEL_FILES) - set(PAPER_RUNS))
+SYSTEM_FILES = [f for f in ALL_FILES if f.startswith("systems/")]
+OVERLAYS = sorted(set(ALL_FILES) - set(EXPERIMENTS) - set(LOSS_FILES) - set(MODEL_FILES) - set(PAPER_RUNS)
+                  - set(SYSTEM_FILES))
 SIZES = {"tiny", "small", "base", "large", "xl"}
 # Each way to pick a loss: (extra gin files, bindings) -> (ntl_weight, ntl_kind).
 LOSS_CHOICES = {
@@ -318,3 +320,43 @@ def test_wheel_ships_the_gin_files_and_finds_them(tmp_path):
                          text=True)
     assert out.stdout.strip() == str(tmp_path / "site" / "ntl_jax")
     np.testing.assert_equal(len(shipped), len(ALL_FILES))
+
+
+# The paper's baselines as overlays: (ntl_weight, ntl_kind) of each.
+SYSTEMS = {"systems/rt.gin": (0.0, "mse"), "systems/rt_ntl.gin": (0.3, "mse")}
+ENCODER_DECODER_SIZES = [f for f in MODEL_FILES if "decoder_only" not in f and "byte" not in f]
+
+
+def test_the_system_files_are_the_papers_baselines():
+    assert SYSTEM_FILES == sorted(SYSTEMS)
+
+
+@pytest.mark.parametrize("system", sorted(SYSTEMS))
+@pytest.mark.parametrize("files", [[e] for e in EXPERIMENTS if "/scratch/" in e]
+                         + [[m, "runs/ntl_pretrain.gin"] for m in ENCODER_DECODER_SIZES])
+def test_a_system_file_turns_a_run_into_the_papers_baseline(gin_env, local_sentencepiece, files, system):
+    """The RT files, after any from-scratch experiment or any T5 size with the run file."""
+    if not _has_tasks():
+        pytest.skip("ntl_jax.seqio.tasks is not available")
+    from ntl_jax.t5x import networks as ntl_networks
+
+    bindings = [*_offline_bindings(local_sentencepiece, dropout=False), "DROPOUT_RATE = 0.0"]
+    if len(files) > 1:
+        bindings += ["MIXTURE_OR_TASK_NAME = 'ntl_math_arithmetic_ablation'", "TRAIN_STEPS = 1"]
+    model = _parse_and_build([*files, system], bindings)
+    assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
+    assert isinstance(model.module, ntl_networks.RtTransformer)
+    assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == SYSTEMS[system]
+    assert model.output_vocabulary == vocabularies.rt_vocabulary() == model.input_vocabulary
+    assert model.module.config.vocab_size == 1664  # 1,550 ids rounded up to 128s
+    assert model.number_tokens.num_numbers == 550  # the RT pieces, each valued at its digit
+    base = _macro("MIXTURE_OR_TASK_NAME")
+    for scope in ("train", "train_eval", "infer_eval"):
+        name = _macro_value(gin.query_parameter(f"{scope}/utils.DatasetConfig.mixture_or_task_name"))
+        assert name == f"{base}_rt"
+        task = seqio.get_mixture_or_task(name)
+        assert all(f.vocabulary == model.output_vocabulary for f in task.output_features.values())
+
+
+def _macro_value(value):
+    return value.scoped_configurable_fn() if hasattr(value, "scoped_configurable_fn") else value

@@ -191,3 +191,34 @@ def test_fused_data_parallel_step_one_equals_the_single_device_run(fused_runs, t
         assert math.isfinite(a), tag
         assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7), (tag, a, b)
     assert _kernel_gathers(_train_step_all_gathers(run)) == []
+
+
+# -- the paper's baselines -------------------------------------------------------------
+
+RT_NTL = UNFUSED + "\ninclude 't5x_configs/systems/rt_ntl.gin'\n"
+
+
+@pytest.fixture(scope="module")
+def rt_runs(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("t5x_partitioned_rt")
+    return (_train_one_step(tmp_path, "single", 1, 1, RT_NTL),
+            _train_one_step(tmp_path, "sharded", 8, PARTITIONS, RT_NTL))
+
+
+def test_rt_step_one_on_8_devices_equals_one_device(rt_runs):
+    single_run, sharded_run = rt_runs
+    info = (sharded_run / "model-info.txt").read_text()
+    (line,) = [x for x in info.splitlines() if "Variable decoder/logits_dense/kernel " in x]
+    assert "vocab=1664" in line and "'model'" in line, line  # the RT vocabulary, sharded
+    assert "RtTransformer" in (sharded_run / "config.gin").read_text()
+    single, sharded = (_scalars(run / "train") for run in rt_runs)
+    assert single["ntl_loss"][1] > 0
+    for tag in COMPARED:
+        a, b = single[tag][1], sharded[tag][1]
+        assert math.isfinite(a), tag
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7), (tag, a, b)
+    total = sharded["cross_ent_loss"][1] + sharded["z_loss"][1] + 0.3 * sharded["ntl_loss"][1]
+    assert math.isclose(sharded["loss"][1], total, rel_tol=1e-5)
+    single, sharded = (_scalars(run / "training_eval" / f"{TASK}_rt") for run in rt_runs)
+    for tag in ("loss", "ntl_loss", "cross_ent_loss"):
+        assert math.isclose(single[tag][1], sharded[tag][1], rel_tol=1e-5), (tag, single[tag], sharded[tag])

@@ -333,7 +333,7 @@ def test_train_rt_and_rt_ntl_mse(vocab, trained):
     # Step 1's NTL-MSE (before any update) from the initial parameters, in numpy.
     config = json.load(open(os.path.join(dirs["rt+ntl-mse"], "config.json")))
     data = data_lib.ProblemData(data_lib.DataConfig(**config["data"]), vocabulary=vocab)
-    model = network.make_model("encoder-decoder", network.make_config("micro", vocab.vocab_size))
+    model = network.make_model("encoder-decoder", network.make_config("micro", vocab.vocab_size), "rt")
     state = step_lib.create_train_state(model, optim.make_optimizer(total_steps=2), data.batch(0), config["seed"])
     assert state.params["token_embedder"]["embedding"].shape[0] == 1664  # 1550 rounded up to 128s
     batch = data.batch(0)
@@ -362,7 +362,7 @@ def _greedy_ids(vocab, run_dir, eval_sets_of):
 
     with open(os.path.join(run_dir, "final_params.msgpack"), "rb") as f:
         params = serialization.msgpack_restore(f.read())
-    model = network.make_model("encoder-decoder", network.make_config("micro", vocab.vocab_size))
+    model = network.make_model("encoder-decoder", network.make_config("micro", vocab.vocab_size), "rt")
     data, batch_size = eval_sets_of(run_dir)
     out = {}
     for split, eval_set in data.eval_sets.items():
