@@ -35,6 +35,7 @@ __all__ = ["CLIP", "exact_match", "fraction_unparseable", "log_mae", "log_r2", "
 
 _NUMBER = re.compile(r"\s*([+-]?\s*(\d+)(\.\d+)?)")
 CLIP = 1e10
+PREDICTION_DECIMALS = 2  # a predicted value written as text (`format_prediction`)
 """Parsed predictions are clipped to [-CLIP, CLIP] before the error metrics."""
 
 
@@ -234,3 +235,16 @@ def number_metrics(targets, predictions) -> dict[str, float]:
         "fraction_unparseable": float(np.mean(~ok)) if n else math.nan,
         "num_examples": float(n),
     }
+
+
+def format_prediction(value: float) -> str:
+    """A prediction as the text the number metrics read: 2 decimals, trailing zeros
+    dropped, never an exponent; "nan" / "inf" (no number) when not finite.
+
+    >>> format_prediction(151.374), format_prediction(-3.0), format_prediction(2e12)
+    ('151.37', '-3', '2000000000000')
+    """
+    if not math.isfinite(value):
+        return str(value)
+    return np.format_float_positional(round(float(value), PREDICTION_DECIMALS),
+                                      precision=PREDICTION_DECIMALS, trim="-")

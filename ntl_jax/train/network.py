@@ -292,25 +292,12 @@ class DecoderLayer(nn.Module):
         return x + drop(h, deterministic=deterministic)
 
 
-def _scaled(embedded: Array, embedding_scale: Array | None) -> Array:
-    """`embedded` `[B, L, D]` times `embedding_scale` `[B, L]`; unchanged for None."""
-    if embedding_scale is None:
-        return embedded
-    if embedding_scale.shape != embedded.shape[:-1]:
-        raise ValueError(f"embedding_scale must be [batch, length] = {embedded.shape[:-1]}, got shape "
-                         f"{embedding_scale.shape}")
-    return embedded * embedding_scale[..., None].astype(embedded.dtype)
-
-
 class Encoder(nn.Module):
     config: T5Config
     shared_embedding: nn.Module
 
     @nn.compact
-    def __call__(self, tokens: Array, mask: Array | None, deterministic: bool,
-                 embedding_scale: Array | None = None) -> Array:
-        """`embedding_scale` `[B, L]` multiplies each position's token embedding (xVal's
-        number values); None leaves them as they are."""
+    def __call__(self, tokens: Array, mask: Array | None, deterministic: bool) -> Array:
         cfg = self.config
         rel = RelativePositionBiases(cfg.num_heads, True, cfg.relative_attention_num_buckets,
                                      cfg.relative_attention_max_distance, name="relpos_bias")
@@ -318,7 +305,7 @@ class Encoder(nn.Module):
         bias = rel(length, length)
         if mask is not None:
             bias = bias + mask_to_bias(mask)
-        x = _scaled(self.shared_embedding(tokens.astype(jnp.int32)), embedding_scale).astype(cfg.dtype)
+        x = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         for i in range(cfg.num_encoder_layers):
             x = EncoderLayer(cfg, name=f"layers_{i}")(x, bias, deterministic)
@@ -333,8 +320,7 @@ class Decoder(nn.Module):
     @nn.compact
     def __call__(self, encoded: Array, decoder_input_tokens: Array, self_mask: Array | None,
                  cross_mask: Array | None, deterministic: bool, decode: bool = False,
-                 max_decode_length: int | None = None, embedding_scale: Array | None = None) -> Array:
-        """`embedding_scale` as in `Encoder`, for the decoder's input tokens."""
+                 max_decode_length: int | None = None) -> Array:
         cfg = self.config
         rel = RelativePositionBiases(cfg.num_heads, False, cfg.relative_attention_num_buckets,
                                      cfg.relative_attention_max_distance, name="relpos_bias")
@@ -343,8 +329,7 @@ class Decoder(nn.Module):
         if self_mask is not None:
             self_bias = self_bias + mask_to_bias(self_mask)
         cross_bias = mask_to_bias(cross_mask)
-        x = _scaled(self.shared_embedding(decoder_input_tokens.astype(jnp.int32)),
-                    embedding_scale).astype(cfg.dtype)
+        x = self.shared_embedding(decoder_input_tokens.astype(jnp.int32)).astype(cfg.dtype)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         for i in range(cfg.num_decoder_layers):
             x = DecoderLayer(cfg, name=f"layers_{i}")(x, encoded, self_bias, cross_bias,
@@ -384,9 +369,8 @@ class Transformer(nn.Module):
         self.decoder = Decoder(cfg, self.token_embedder)
 
     def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Array | None = None,
-               *, enable_dropout: bool = True, embedding_scale: Array | None = None) -> Array:
-        """`[B, Lin]` tokens -> `[B, Lin, D]` encodings (0 is padding); `embedding_scale`
-        `[B, Lin]` multiplies the token embeddings (see `Encoder`)."""
+               *, enable_dropout: bool = True) -> Array:
+        """`[B, Lin]` tokens -> `[B, Lin, D]` encodings (0 is padding)."""
         if encoder_input_tokens.ndim != 2:
             raise ValueError(f"encoder_input_tokens must be [batch, length], got shape "
                              f"{encoder_input_tokens.shape}")
@@ -394,15 +378,14 @@ class Transformer(nn.Module):
         if encoder_segment_ids is not None:
             mask = combine_masks(mask, make_attention_mask(
                 encoder_segment_ids, encoder_segment_ids, jnp.equal))
-        return self.encoder(encoder_input_tokens, mask, deterministic=not enable_dropout,
-                            embedding_scale=embedding_scale)
+        return self.encoder(encoder_input_tokens, mask, deterministic=not enable_dropout)
 
     def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
                decoder_target_tokens: Array, encoder_segment_ids: Array | None = None,
                decoder_segment_ids: Array | None = None, decoder_positions: Array | None = None,
                *, enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: int | None = None, embedding_scale: Array | None = None) -> Array:
-        """Decoder pass -> `[B, Ltgt, V]` f32 logits (`embedding_scale` as in `encode`).
+               max_decode_length: int | None = None) -> Array:
+        """Decoder pass -> `[B, Ltgt, V]` f32 logits.
 
         Teacher-forced by default. With `decode=True` (incremental decoding, as T5X's
         `decode`): initialise the "cache" collection by calling once on full-length
@@ -419,7 +402,7 @@ class Transformer(nn.Module):
                                              encoder_input_tokens > 0)
             return self.decoder(encoded, decoder_input_tokens, self_mask, cross_mask,
                                 deterministic=not enable_dropout, decode=True,
-                                max_decode_length=max_decode_length, embedding_scale=embedding_scale)
+                                max_decode_length=max_decode_length)
         batch, length = decoder_input_tokens.shape
         self_mask = combine_masks(
             causal_mask(length, batch),
@@ -432,7 +415,7 @@ class Transformer(nn.Module):
                 cross_mask = combine_masks(cross_mask, make_attention_mask(
                     decoder_segment_ids, encoder_segment_ids, jnp.equal))
         return self.decoder(encoded, decoder_input_tokens, self_mask, cross_mask,
-                            deterministic=not enable_dropout, embedding_scale=embedding_scale)
+                            deterministic=not enable_dropout)
 
     def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
                  decoder_target_tokens: Array, encoder_segment_ids: Array | None = None,

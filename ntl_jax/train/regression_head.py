@@ -29,11 +29,11 @@ import numpy as np
 import optax
 from flax import linen as nn
 
+from ntl_jax.data.metrics import PREDICTION_DECIMALS, format_prediction  # noqa: F401  (this module's API too)
 from ntl_jax.train import network
 from ntl_jax.train.data import EOS_ID, EvalSet
 
 LOSS = "regression-head"  # the trainer's `loss` value for this baseline
-PREDICTION_DECIMALS = 2
 
 
 class RegressionHead(nn.Module):
@@ -172,19 +172,6 @@ def predict_values(model: RegressionHead, params, inputs: np.ndarray, batch_size
         out.append(np.asarray(_apply(model, params, jnp.asarray(chunk)))[:real])
     raw = np.concatenate(out) if out else np.zeros(0)
     return from_training_scale(raw, model.log_targets)
-
-
-def format_prediction(value: float) -> str:
-    """A prediction as the text the number metrics read: 2 decimals, trailing zeros
-    dropped, never an exponent; "nan" / "inf" (no number) when not finite.
-
-    >>> format_prediction(151.374), format_prediction(-3.0), format_prediction(2e12)
-    ('151.37', '-3', '2000000000000')
-    """
-    if not math.isfinite(value):
-        return str(value)
-    return np.format_float_positional(round(float(value), PREDICTION_DECIMALS),
-                                      precision=PREDICTION_DECIMALS, trim="-")
 
 
 def evaluate(model: RegressionHead, params, eval_sets: dict[str, EvalSet], vocabulary,

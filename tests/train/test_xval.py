@@ -14,6 +14,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
+from ntl_jax.flax import xval as flax_xval  # noqa: E402
 from ntl_jax.train import data as data_lib  # noqa: E402
 from ntl_jax.train import network, optim, xval  # noqa: E402
 from ntl_jax.train import step as step_lib  # noqa: E402
@@ -156,7 +157,8 @@ def test_the_input_embedding_at_num_is_its_embedding_times_the_scaled_value(voca
     model, params = _model(vocabulary, f)
     table = np.asarray(params["token_embedder"]["embedding"])
     seen, (logits, numbers) = _layer_inputs(model, params, f["encoder_input_tokens"], f["decoder_input_tokens"],
-                                            f["decoder_target_tokens"], f["encoder_scale"], f["decoder_scale"])
+                                            f["decoder_target_tokens"], encoder_scale=f["encoder_scale"],
+                                            decoder_scale=f["decoder_scale"])
     for stack, ids, scale in (("encoder", "encoder_input_tokens", "encoder_scale"),
                               ("decoder", "decoder_input_tokens", "decoder_scale")):
         expected = table[f[ids]] * f[scale][..., None].astype(np.float64)
@@ -168,12 +170,12 @@ def test_the_input_embedding_at_num_is_its_embedding_times_the_scaled_value(voca
     plain = network.Transformer(model.config).apply({"params": {k: v for k, v in params.items()
                                                                 if k != "number_head"}},
                                                     *args, enable_dropout=False)
-    got, _ = model.apply({"params": params}, *args, ones["encoder_scale"], ones["decoder_scale"],
-                         enable_dropout=False)
+    got, _ = model.apply({"params": params}, *args, encoder_scale=ones["encoder_scale"],
+                         decoder_scale=ones["decoder_scale"], enable_dropout=False)
     np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-6)
     assert not np.allclose(logits, plain, atol=1e-3)  # the multipliers change the logits
-    with pytest.raises(ValueError, match=r"embedding_scale must be \[batch, length\] = \(2, 24\), got shape"):
-        model.apply({"params": params}, *args, f["encoder_scale"][:, :5], enable_dropout=False)
+    with pytest.raises(ValueError, match=r"expected an embedding scale of shape \[batch, length\] = \(2, 24\), got"):
+        model.apply({"params": params}, *args, encoder_scale=f["encoder_scale"][:, :5], enable_dropout=False)
 
 
 def test_a_seed_initialises_the_encoder_decoder_as_the_ce_model(vocabulary):
@@ -206,14 +208,14 @@ def test_loss_and_number_head_against_numpy(vocabulary):
     state = step_lib.create_train_state(model, optimizer, batch, seed=0)
     params = state.params
     args = (f["encoder_input_tokens"], f["decoder_input_tokens"], f["decoder_target_tokens"])
-    logits, numbers = model.apply({"params": params}, *args, f["encoder_scale"], f["decoder_scale"],
-                                  enable_dropout=False)
+    logits, numbers = model.apply({"params": params}, *args, encoder_scale=f["encoder_scale"],
+                                  decoder_scale=f["decoder_scale"], enable_dropout=False)
     # the head reads the hidden states the logits projection reads
     encoded = model.apply({"params": params}, args[0], enable_dropout=False, embedding_scale=f["encoder_scale"],
                           method=model.encode)
-    hidden, _ = _linen.hidden_states_and_kernel(model, {"params": params}, encoded, *args,
-                                                   method=model.decode, enable_dropout=False,
-                                                   embedding_scale=f["decoder_scale"])
+    with flax_xval.scaled_embeddings(jnp.asarray(f["decoder_scale"])):
+        hidden, _ = _linen.hidden_states_and_kernel(model, {"params": params}, encoded, *args,
+                                                       method=model.decode, enable_dropout=False)
     head = jax.tree.map(lambda a: np.asarray(a, np.float64), params["number_head"])
     h = _gelu(np.asarray(hidden, np.float64) @ head["hidden"]["kernel"] + head["hidden"]["bias"])
     np.testing.assert_allclose(numbers, h @ head["out"]["kernel"][:, 0] + head["out"]["bias"][0], rtol=1e-4,
@@ -265,17 +267,17 @@ def test_decoding_writes_the_heads_value_and_feeds_it_back(vocabulary):
 
     enc, enc_scale = jnp.asarray(f["encoder_input_tokens"]), jnp.asarray(f["encoder_scale"])
     with nn.intercept_methods(force):
-        out, nums = xval._greedy(model, params, enc, enc_scale, 8, num)
+        out, nums = xval.greedy_decode(model, params, enc, enc_scale, 8, num)
 
         def teacher_forced(first_value):
             dec_in = np.concatenate([[0], forced[:-1]])[None].repeat(2, 0)
             scale = np.ones((2, 8), np.float32)
             scale[:, 1] = first_value
-            return model.apply({"params": params}, enc, dec_in, np.ones((2, 8), np.int32), enc_scale, scale,
-                               enable_dropout=False)[1]
+            return model.apply({"params": params}, enc, dec_in, np.ones((2, 8), np.int32), encoder_scale=enc_scale,
+                               decoder_scale=scale, enable_dropout=False)[1]
 
         n0 = np.asarray(model.apply({"params": params}, enc, np.zeros((2, 8), np.int32), np.ones((2, 8), np.int32),
-                                    enc_scale, None, enable_dropout=False)[1])[:, 0]
+                                    encoder_scale=enc_scale, enable_dropout=False)[1])[:, 0]
         fed = np.asarray(teacher_forced(n0))
         others = [np.asarray(teacher_forced(v)) for v in (3 * n0, -n0)]
     assert np.asarray(out).tolist() == [[num, sp, minus, sp, num, eos, 0, 0]] * 2
@@ -296,7 +298,7 @@ def test_decoding_writes_the_heads_value_and_feeds_it_back(vocabulary):
                                 ["what is 9+-99?", "b 0.5", "c 1"], ["-90", "0.5", "1"])
     metrics, preds = xval.evaluate(model, params, {"test_interpolate": eval_set}, vocabulary, 6, batch_size=2)
     ids, ids_values = codec.convert(eval_set.inputs)
-    out, nums = xval._greedy(model, params, jnp.asarray(ids), jnp.asarray(xval.embedding_scale(
+    out, nums = xval.greedy_decode(model, params, jnp.asarray(ids), jnp.asarray(xval.embedding_scale(
         ids, ids_values, num)), 6, num)
     expected = [codec.decode(o, v) for o, v in zip(np.asarray(out), xval.unscale_values(np.asarray(nums)))]
     assert preds["test_interpolate"] == expected
@@ -323,8 +325,8 @@ def test_trainer_runs_and_evaluates_xval(vocabulary, tmp_path):
     state = step_lib.create_train_state(model, optimizer, data.batch(0), config.seed)
     f = xval.features(xval.XvalVocabulary(vocabulary), data.batch(0))
     logits, numbers = model.apply({"params": state.params}, f["encoder_input_tokens"], f["decoder_input_tokens"],
-                                  f["decoder_target_tokens"], f["encoder_scale"], f["decoder_scale"],
-                                  enable_dropout=False)
+                                  f["decoder_target_tokens"], encoder_scale=f["encoder_scale"],
+                                  decoder_scale=f["decoder_scale"], enable_dropout=False)
     loss, _ = xval.xval_loss(logits, numbers, f["decoder_target_tokens"], f["target_values"], vocabulary.vocab_size)
     assert first["step"] == 1 and first["train/loss"] == pytest.approx(float(loss), rel=1e-5)
     preds = json.load(open(os.path.join(out, "predictions.json")))["test_interpolate"]
