@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["CLIP", "exact_match", "fraction_unparseable", "log_mae", "log_r2", "mae", "median_absolute_error", "mse",
+__all__ = ["CLIP", "PREDICTION_DECIMALS", "exact_match", "format_prediction", "fraction_unparseable", "log_mae", "log_r2", "mae", "median_absolute_error", "mse",
            "number_accuracy", "number_metrics", "parse_number", "pearson", "r2", "regression_metrics", "signed_log10",
            "spearman"]
 
