@@ -29,9 +29,9 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["CLIP", "PREDICTION_DECIMALS", "exact_match", "format_prediction", "fraction_unparseable", "log_mae", "log_r2", "mae", "median_absolute_error", "mse",
-           "number_accuracy", "number_metrics", "parse_number", "pearson", "r2", "regression_metrics", "signed_log10",
-           "spearman"]
+__all__ = ["CLIP", "PREDICTION_DECIMALS", "exact_match", "format_prediction", "fraction_unparseable", "log_mae",
+           "log_r2", "mae", "median_absolute_error", "mse", "number_accuracy", "number_metrics", "parse_number",
+           "pearson", "r2", "regression_metrics", "signed_log10", "spearman"]
 
 _NUMBER = re.compile(r"\s*([+-]?\s*(\d+)(\.\d+)?)")
 CLIP = 1e10
