@@ -36,7 +36,8 @@ def _import(module):
 
 def test_the_reference_documents_the_core_and_each_integration():
     assert set(NAMES) == {"ntl_jax", "ntl_jax.flax", "ntl_jax.seqio", "ntl_jax.tunix"}
-    assert set(MODULES) == {"ntl_jax.t5x.models", "ntl_jax.seqio.tasks", "ntl_jax.data", "ntl_jax.data.metrics"}
+    assert set(MODULES) == {"ntl_jax.t5x.models", "ntl_jax.t5x.xval", "ntl_jax.t5x.networks", "ntl_jax.seqio.xval",
+                            "ntl_jax.seqio.tasks", "ntl_jax.data", "ntl_jax.data.metrics"}
 
 
 @pytest.mark.parametrize("package", sorted(NAMES))

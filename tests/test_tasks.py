@@ -25,11 +25,11 @@ def _first(name, split, n=1):
 
 def test_names_and_splits():
     names = set(tasks.REGISTERED)
-    # 56 modules + 14 extrapolation-only sets + the ablation task, on three vocabularies;
+    # 56 modules + 14 extrapolation-only sets + the ablation task, on four vocabularies;
     # 2 mixtures each.
-    assert len(names) == 3 * (56 + 14 + 1) + 6
+    assert len(names) == 4 * (56 + 14 + 1) + 8
     for module in catalogue.TRAIN_MODULES:
-        assert {f"ntl_math_{module}{suffix}" for suffix in ("", "_byte", "_rt")} <= names
+        assert {f"ntl_math_{module}{suffix}" for suffix in ("", "_byte", "_rt", "_xval")} <= names
     add = seqio.get_mixture_or_task("ntl_math_arithmetic__add_sub_multiple")
     assert list(add.splits) == ["train", "validation", "test_interpolate", "test_extrapolate"]
     assert list(seqio.get_mixture_or_task("ntl_math_algebra__linear_1d").splits) == [
@@ -44,10 +44,11 @@ def test_names_and_splits():
 
 
 def _every_task():
-    """Each registered task; of the byte- and RT-vocabulary twins (the same generators
-    read through another vocabulary) one of each runs by default, every one with --long."""
+    """Each registered task; of the byte-, RT- and xVal-vocabulary twins (the same
+    generators read through another vocabulary) one of each runs by default, every one
+    with --long."""
     names = sorted(tasks.REGISTERED)
-    twins = [name for suffix in ("_byte", "_rt") for name in [n for n in names if n.endswith(suffix)][1:]]
+    twins = [name for suffix in ("_byte", "_rt", "_xval") for name in [n for n in names if n.endswith(suffix)][1:]]
     return [pytest.param(name, marks=LONG if name in twins else ()) for name in names]
 
 
@@ -98,6 +99,25 @@ def test_rt_tasks_write_each_digit_with_its_place():
     assert values[~np.isnan(values)].tolist() == [float(c) for c in a if c.isdigit()]
     assert [t.name for t in seqio.get_mixture_or_task("ntl_math_arithmetic_ablation_rt").tasks] == [
         "ntl_math_ablation__arithmetic__add_sub_multiple_rt"]
+
+
+def test_xval_tasks_write_each_number_as_num_with_its_scale():
+    from ntl_jax.data.number_scaling import scale_values
+    from ntl_jax.data.xval_vocabulary import extract_numbers
+    from ntl_jax.seqio import xval
+
+    (ex,) = _first("ntl_math_arithmetic__add_sub_multiple_xval", "test_extrapolate")
+    q, a = generate.examples("arithmetic__add_sub_multiple", "test_extrapolate", 1)[0]
+    v = xval.xval_vocabulary()
+    for name, text in (("inputs", q), ("targets", a)):
+        ids, values = v.codec.encode(text)
+        assert ex[name].tolist() == ids + [1]
+        is_num = ex[name] == v.num_id
+        assert is_num.sum() == len(extract_numbers(text)[1]) >= 1
+        np.testing.assert_allclose(ex[f"{name}_scale"][is_num], scale_values(values[~np.isnan(values)]), rtol=1e-6)
+        assert (ex[f"{name}_scale"][~is_num] == 1).all()
+    assert [t.name for t in seqio.get_mixture_or_task("ntl_math_arithmetic_ablation_xval").tasks] == [
+        "ntl_math_ablation__arithmetic__add_sub_multiple_xval"]
 
 
 @pytest.fixture(scope="module")

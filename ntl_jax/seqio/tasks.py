@@ -5,15 +5,17 @@ Names (`<module>` as in `ntl_jax.data.TRAIN_MODULES`):
 * `ntl_math_<module>`: the digit-split SentencePiece vocabulary shipped in the package
   (`ntl_jax.seqio.vocabularies.sentencepiece_vocabulary()`); `ntl_math_<module>_byte`:
   `seqio.ByteVocabulary`; `ntl_math_<module>_rt`: the Regression Transformer's
-  (`ntl_jax.seqio.vocabularies.rt_vocabulary()`, a token per digit and decimal place).
+  (`ntl_jax.seqio.vocabularies.rt_vocabulary()`, a token per digit and decimal place);
+  `ntl_math_<module>_xval`: xVal's (`ntl_jax.seqio.xval.xval_vocabulary()`, each number
+  one `[NUM]` token, with the features `inputs_scale` and `targets_scale`).
   Splits `train`, `validation`, `test_interpolate`, and `test_extrapolate` where the
   module has an extrapolation set.
-* `ntl_math_<extrapolation module>` (+ `_byte`, `_rt`) for extrapolation sets whose name is not
+* `ntl_math_<extrapolation module>` (+ `_byte`, `_rt`, `_xval`) for extrapolation sets whose name is not
   a training module's (e.g. `ntl_math_arithmetic__mixed_longer`): `test_extrapolate` only.
-* `ntl_math_ablation__arithmetic__add_sub_multiple` (+ `_byte`, `_rt`): the paper's ablation
+* `ntl_math_ablation__arithmetic__add_sub_multiple` (+ `_byte`, `_rt`, `_xval`): the paper's ablation
   sizes, 33,333 training and 1,000 validation pairs per difficulty.
 * Mixtures `ntl_math_paper13` (13 modules, 7 extrapolation sets) and
-  `ntl_math_arithmetic_ablation`, each also with `_byte` and `_rt`.
+  `ntl_math_arithmetic_ablation`, each also with `_byte`, `_rt` and `_xval`.
 
 Features `inputs` (question) and `targets` (answer), both with EOS. Data: the
 DeepMind release layout under `$NTL_JAX_MATH_DIR` when that is set (see
@@ -31,7 +33,7 @@ import seqio
 import tensorflow as tf
 
 from ntl_jax.data import catalogue, metrics, reader
-from ntl_jax.seqio import vocabularies
+from ntl_jax.seqio import vocabularies, xval
 
 __all__ = ["ABLATION_TASK", "DATA_DIR_ENV", "PREFIX", "REGISTERED", "VOCABULARIES", "MathFileDataSource",
            "register_tasks"]
@@ -131,7 +133,7 @@ def _generated_source(split_parts: Mapping[str, Sequence[_Part]], seed: int):
 
 # Task name suffix -> the vocabulary of its features.
 VOCABULARIES = {"": vocabularies.sentencepiece_vocabulary, "_byte": vocabularies.byte_vocabulary,
-                "_rt": vocabularies.rt_vocabulary}
+                "_rt": vocabularies.rt_vocabulary, "_xval": xval.xval_vocabulary}
 
 
 def _add_task(name: str, split_parts, *, data_dir, seed, vocabulary, module_hint):
@@ -148,6 +150,8 @@ def _add_task(name: str, split_parts, *, data_dir, seed, vocabulary, module_hint
             _to_inputs_targets,
             seqio.preprocessors.tokenize,
             seqio.preprocessors.append_eos_after_trim,
+            # features a vocabulary needs beyond the ids (xVal's number scales)
+            *getattr(vocabulary, "task_preprocessors", ()),
         ],
         output_features=vocabularies.output_features(vocabulary=vocabulary),
         postprocess_fn=_postprocess,

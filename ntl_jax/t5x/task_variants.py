@@ -12,8 +12,9 @@ the task on the model's vocabulary:
       vocabulary = %VOCABULARY
 
 The copy shares the source, preprocessors, postprocessor and metrics; only the
-features' vocabulary changes. Registration happens when gin evaluates the reference,
-before T5X looks the name up.
+features' vocabulary changes, and a vocabulary that needs features beyond the ids
+(xVal's, `ntl_jax.seqio.xval`) adds its `task_preprocessors` at the end. Registration
+happens when gin evaluates the reference, before T5X looks the name up.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ def _same_vocabulary(provider: Any, vocabulary: seqio.Vocabulary) -> bool:
 
 def _task_copy(task: seqio.Task, new_name: str, vocabulary: seqio.Vocabulary) -> None:
     features = {k: dataclasses.replace(f, vocabulary=vocabulary) for k, f in task.output_features.items()}
+    # Features a vocabulary needs beyond the ids (xVal's number scales), once.
+    extra = [p for p in getattr(vocabulary, "task_preprocessors", ()) if p not in task.preprocessors]
     seqio.TaskRegistry.add(
         new_name,
         source=task.source,
         output_features=features,
-        preprocessors=list(task.preprocessors),
+        preprocessors=[*task.preprocessors, *extra],
         postprocess_fn=task.postprocessor,
         # The constructor arguments, so legacy metric functions are not wrapped twice.
         metric_fns=list(getattr(task, "_metric_fn_constructor_args", task.metric_fns)),

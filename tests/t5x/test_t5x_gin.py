@@ -322,8 +322,9 @@ def test_wheel_ships_the_gin_files_and_finds_them(tmp_path):
     np.testing.assert_equal(len(shipped), len(ALL_FILES))
 
 
-# The paper's baselines as overlays: (ntl_weight, ntl_kind) of each.
-SYSTEMS = {"systems/rt.gin": (0.0, "mse"), "systems/rt_ntl.gin": (0.3, "mse")}
+# The paper's baselines as overlays: RT with (ntl_weight, ntl_kind), and xVal.
+SYSTEMS = {"systems/rt.gin": ("_rt", (0.0, "mse")), "systems/rt_ntl.gin": ("_rt", (0.3, "mse")),
+           "systems/xval.gin": ("_xval", None)}
 ENCODER_DECODER_SIZES = [f for f in MODEL_FILES if "decoder_only" not in f and "byte" not in f]
 
 
@@ -335,25 +336,36 @@ def test_the_system_files_are_the_papers_baselines():
 @pytest.mark.parametrize("files", [[e] for e in EXPERIMENTS if "/scratch/" in e]
                          + [[m, "runs/ntl_pretrain.gin"] for m in ENCODER_DECODER_SIZES])
 def test_a_system_file_turns_a_run_into_the_papers_baseline(gin_env, local_sentencepiece, files, system):
-    """The RT files, after any from-scratch experiment or any T5 size with the run file."""
+    """The RT and xVal files, after any from-scratch experiment or any T5 size with the run file."""
     if not _has_tasks():
         pytest.skip("ntl_jax.seqio.tasks is not available")
+    from ntl_jax.seqio import xval as seqio_xval
     from ntl_jax.t5x import networks as ntl_networks
+    from ntl_jax.t5x import xval as ntl_xval
 
     bindings = [*_offline_bindings(local_sentencepiece, dropout=False), "DROPOUT_RATE = 0.0"]
     if len(files) > 1:
         bindings += ["MIXTURE_OR_TASK_NAME = 'ntl_math_arithmetic_ablation'", "TRAIN_STEPS = 1"]
     model = _parse_and_build([*files, system], bindings)
-    assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
-    assert isinstance(model.module, ntl_networks.RtTransformer)
-    assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == SYSTEMS[system]
-    assert model.output_vocabulary == vocabularies.rt_vocabulary() == model.input_vocabulary
-    assert model.module.config.vocab_size == 1664  # 1,550 ids rounded up to 128s
-    assert model.number_tokens.num_numbers == 550  # the RT pieces, each valued at its digit
+    suffix, ntl = SYSTEMS[system]
+    if suffix == "_rt":
+        assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
+        assert isinstance(model.module, ntl_networks.RtTransformer)
+        assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == ntl
+        assert model.output_vocabulary == vocabularies.rt_vocabulary() == model.input_vocabulary
+        assert model.module.config.vocab_size == 1664  # 1,550 ids rounded up to 128s
+        assert model.number_tokens.num_numbers == 550  # the RT pieces, each valued at its digit
+    else:
+        assert isinstance(model, ntl_xval.XvalEncoderDecoderModel)
+        assert isinstance(model.module, ntl_networks.XvalTransformer)
+        assert model.output_vocabulary == seqio_xval.xval_vocabulary() == model.input_vocabulary
+        assert model.module.config.vocab_size == 1024 and model.num_id == 1000  # 1,000 ids and [NUM]
+        for scope in ("train", "train_eval"):
+            assert gin.query_parameter(f"{scope}/utils.DatasetConfig.pack") is False
     base = _macro("MIXTURE_OR_TASK_NAME")
     for scope in ("train", "train_eval", "infer_eval"):
         name = _macro_value(gin.query_parameter(f"{scope}/utils.DatasetConfig.mixture_or_task_name"))
-        assert name == f"{base}_rt"
+        assert name == f"{base}{suffix}"
         task = seqio.get_mixture_or_task(name)
         assert all(f.vocabulary == model.output_vocabulary for f in task.output_features.values())
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-MODULES = ["ntl_jax.t5x.models", "ntl_jax.t5x.train", "ntl_jax.t5x.eval"]
+MODULES = ["ntl_jax.t5x.models", "ntl_jax.t5x.networks", "ntl_jax.t5x.xval", "ntl_jax.t5x.train", "ntl_jax.t5x.eval"]
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -7,7 +7,9 @@ sequences and over the vocabulary cross device boundaries. With `fused_loss=True
 partitioned step is vocabulary-parallel (`fused_vocab_axis`, default `"model"`): the
 same metrics, and its compiled train step (dumped by XLA) all-gathers no part of the
 `logits_dense` kernel, which `fused_vocab_axis=None` (XLA partitioning the fused loss
-itself) does. Skipped without t5x.
+itself) does. The paper's baselines, the Regression Transformer (`systems/rt_ntl.gin`)
+and xVal (`systems/xval.gin`), give the single-device step's metrics too. Skipped
+without t5x.
 """
 
 import math
@@ -221,4 +223,32 @@ def test_rt_step_one_on_8_devices_equals_one_device(rt_runs):
     assert math.isclose(sharded["loss"][1], total, rel_tol=1e-5)
     single, sharded = (_scalars(run / "training_eval" / f"{TASK}_rt") for run in rt_runs)
     for tag in ("loss", "ntl_loss", "cross_ent_loss"):
+        assert math.isclose(single[tag][1], sharded[tag][1], rel_tol=1e-5), (tag, single[tag], sharded[tag])
+
+
+XVAL = "\ninclude 't5x_configs/systems/xval.gin'\n"
+
+
+@pytest.fixture(scope="module")
+def xval_runs(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("t5x_partitioned_xval")
+    return (_train_one_step(tmp_path, "single", 1, 1, XVAL),
+            _train_one_step(tmp_path, "sharded", 8, PARTITIONS, XVAL))
+
+
+def test_xval_step_one_on_8_devices_equals_one_device(xval_runs):
+    _, sharded_run = xval_runs
+    info = (sharded_run / "model-info.txt").read_text()
+    (line,) = [x for x in info.splitlines() if "Variable number_head/hidden/kernel " in x]
+    assert "(embed=32, mlp=32)" in line and "'model'" in line, line  # the number head, sharded too
+    single, sharded = (_scalars(run / "train") for run in xval_runs)
+    assert single["number_mse"][1] > 0
+    for tag in ("loss", "cross_ent_loss", "number_mse", "accuracy"):
+        a, b = single[tag][1], sharded[tag][1]
+        assert math.isfinite(a), tag
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7), (tag, a, b)
+    assert math.isclose(sharded["loss"][1], (sharded["cross_ent_loss"][1] + sharded["number_mse"][1]) / 2,
+                        rel_tol=1e-5)
+    single, sharded = (_scalars(run / "training_eval" / f"{TASK}_xval") for run in xval_runs)
+    for tag in ("loss", "cross_ent_loss", "number_mse"):
         assert math.isclose(single[tag][1], sharded[tag][1], rel_tol=1e-5), (tag, single[tag], sharded[tag])

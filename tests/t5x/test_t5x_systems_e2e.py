@@ -83,3 +83,54 @@ def test_t5x_eval_evaluates_the_rt_checkpoint(rt_run, tmp_path):
     (record,) = [json.loads(x) for x in (output / "inference_eval" / f"{RT_TASK}-metrics.jsonl").read_text()
                  .splitlines()]
     assert record["step"] == MORE and record["num_examples"] == 16 and "number_accuracy" in record
+
+
+XVAL_TASK = f"{BASE_TASK}_xval"
+
+
+@pytest.fixture(scope="module")
+def xval_run(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("t5x_xval")
+    _train(model_dir, STEPS, "t5x_configs/systems/xval.gin")
+    first = _scalars(model_dir / "train")
+    _train(model_dir, MORE, "t5x_configs/systems/xval.gin")
+    return model_dir, first
+
+
+def test_the_xval_run_trains_xval_on_the_xval_task(xval_run):
+    model_dir, first = xval_run
+    config = (model_dir / "config.gin").read_text()
+    assert "XvalEncoderDecoderModel" in config and "XvalTransformer" in config
+    scalars = _scalars(model_dir / "training_eval" / XVAL_TASK)
+    for step in (PERIOD, STEPS, MORE):
+        loss, ce, mse = (scalars[k][step] for k in ("loss", "cross_ent_loss", "number_mse"))
+        assert math.isfinite(loss) and math.isclose(loss, (ce + mse) / 2, rel_tol=1e-5) and mse > 0
+    assert (model_dir / f"checkpoint_{STEPS}").is_dir() and (model_dir / f"checkpoint_{MORE}").is_dir()
+    assert max(first["loss"]) <= STEPS < max(_scalars(model_dir / "train")["loss"]) == MORE
+    records = [json.loads(x) for x in (model_dir / "inference_eval" / f"{XVAL_TASK}-metrics.jsonl").read_text()
+               .splitlines()]
+    assert [r["step"] for r in records] == [PERIOD, STEPS, MORE]
+    assert all("number_accuracy" in r and 0 <= r["fraction_unparseable"] <= 1 for r in records)
+    (predictions,) = (model_dir / "inference_eval").glob(f"{XVAL_TASK}-{MORE:06d}.jsonl")
+    lines = [json.loads(x) for x in predictions.read_text().splitlines()]
+    assert lines and all("[NUM]" not in line["prediction"] for line in lines)  # each [NUM] written as its value
+
+
+def test_t5x_eval_evaluates_the_xval_checkpoint(xval_run, tmp_path):
+    model_dir, _ = xval_run
+    output = tmp_path / "eval"
+    _launch(
+        "ntl_jax.t5x.eval", tmp_path,
+        "--gin_file=t5x_configs/models/t5_1_1_tiny_byte_ntl.gin",
+        "--gin_file=t5x_configs/runs/ntl_eval.gin",
+        "--gin_file=t5x_configs/systems/xval.gin",
+        f"--gin.MIXTURE_OR_TASK_NAME='{BASE_TASK}'",
+        f'--gin.CHECKPOINT_PATH="{model_dir / f"checkpoint_{MORE}"}"',
+        f'--gin.EVAL_OUTPUT_DIR="{output}"',
+        "--gin.EVALUATOR_NUM_EXAMPLES=16",
+        "--gin.BATCH_SIZE=8",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 128, 'targets': 32}",
+    )
+    (record,) = [json.loads(x) for x in (output / "inference_eval" / f"{XVAL_TASK}-metrics.jsonl").read_text()
+                 .splitlines()]
+    assert record["step"] == MORE and record["num_examples"] == 16 and "number_accuracy" in record

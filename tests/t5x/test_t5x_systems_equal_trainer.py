@@ -98,3 +98,131 @@ def test_the_t5x_rt_model_is_the_trainers_rt(rt_batch, system, weight):
         optimizer_def=adafactor.Adafactor(), z_loss=config.z_loss, ntl_weight=weight, ntl_kind="mse",
         loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", fused_loss=False)
     assert abs(float(plain.loss_fn(to_t5x(params), t5x_batch, None)[0]) - loss) > 1e-3
+
+
+# -- xVal ---------------------------------------------------------------------------------
+
+QUESTIONS = ["What is -4 + 2.5?", "Calculate 120 - 7.", "Solve 3*x = 12 for x.", "Add 0.25 and 99.", "Sum 1, 2."]
+ANSWERS = ["-1.5", "113", "4", "99.25", "3"]
+
+
+@pytest.fixture(scope="module")
+def xval_setup():
+    from ntl_jax.train import xval
+
+    vocabulary = systems.vocabulary("xval")
+    codec = xval.XvalVocabulary(vocabulary)
+    batch = {"encoder_input_tokens": data_lib.encode_texts(vocabulary, QUESTIONS, 24)[0],
+             "decoder_target_tokens": data_lib.encode_texts(vocabulary, ANSWERS, 8)[0]}
+    features = xval.features(codec, batch)
+    cfg = xval.model_config_with_num_token(network.make_config("micro", vocabulary.vocab_size), codec.vocab_size)
+    model = xval.XvalTransformer(cfg)
+    params = model.init(jax.random.key(2), features["encoder_input_tokens"], features["decoder_input_tokens"],
+                        features["decoder_target_tokens"], enable_dropout=False)["params"]
+    return vocabulary, codec, features, cfg, model, params
+
+
+def _t5x_xval_model(cfg):
+    from ntl_jax.seqio import xval as seqio_xval
+    from ntl_jax.t5x import xval as ntl_xval
+
+    vocabulary = seqio_xval.xval_vocabulary()
+    return ntl_xval.XvalEncoderDecoderModel(
+        module=ntl_networks.XvalTransformer(t5x_config(cfg)), input_vocabulary=vocabulary,
+        output_vocabulary=vocabulary, optimizer_def=adafactor.Adafactor())
+
+
+def test_the_seqio_pipeline_gives_the_trainers_features(xval_setup):
+    import seqio
+    import tensorflow as tf
+
+    from ntl_jax.seqio import xval as seqio_xval
+
+    _, _, features, *_ = xval_setup
+    vocabulary = seqio_xval.xval_vocabulary()
+    output_features = {k: seqio.Feature(vocabulary) for k in ("inputs", "targets")}
+    ds = tf.data.Dataset.from_tensor_slices({"inputs": QUESTIONS, "targets": ANSWERS})
+    ds = seqio.preprocessors.tokenize(ds, output_features)
+    lengths = {"inputs": 24, "targets": 8}
+    ds = seqio.preprocessors.append_eos_after_trim(ds, output_features=output_features, sequence_length=lengths)
+    ds = seqio_xval.number_scales(ds, output_features)
+    converted = seqio_xval.XvalFeatureConverter(pack=False)(ds, lengths)
+    got = {k: np.stack([np.asarray(ex[k]) for ex in converted.as_numpy_iterator()]) for k in converted.element_spec}
+    for key in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens"):
+        np.testing.assert_array_equal(got[key], features[key], err_msg=key)
+    num = vocabulary.num_id
+    assert (got["decoder_target_tokens"] == num).sum() == 5 and (got["encoder_input_tokens"] == num).sum() == 10
+    for key, ids in (("encoder_scale", "encoder_input_tokens"), ("decoder_scale", "decoder_input_tokens"),
+                     ("target_values", "decoder_target_tokens")):
+        at = got[ids] == num
+        np.testing.assert_allclose(got[key][at], features[key][at], rtol=1e-6, err_msg=key)
+    with pytest.raises(ValueError, match="expected unpacked batches"):
+        seqio_xval.XvalFeatureConverter(pack=True)
+
+
+def test_the_t5x_xval_model_is_the_trainers_xval(xval_setup):
+    from ntl_jax.train import xval
+
+    _, codec, features, cfg, model, params = xval_setup
+    f = {k: jnp.asarray(v) for k, v in features.items()}
+
+    def trainer_loss(p):
+        logits, numbers = model.apply({"params": p}, f["encoder_input_tokens"], f["decoder_input_tokens"],
+                                      f["decoder_target_tokens"], encoder_scale=f["encoder_scale"],
+                                      decoder_scale=f["decoder_scale"], enable_dropout=False)
+        return xval.xval_loss(logits, numbers, f["decoder_target_tokens"], f["target_values"], codec.num_id)[0]
+
+    loss, grads = jax.value_and_grad(trainer_loss)(params)
+    t5x_model = _t5x_xval_model(cfg)
+    batch = {**f, "decoder_loss_weights": (f["decoder_target_tokens"] > 0).astype(jnp.int32)}
+    (t5x_loss, metrics), t5x_grads = jax.value_and_grad(t5x_model.loss_fn, has_aux=True)(to_t5x(params), batch, None)
+    assert float(t5x_loss) == pytest.approx(float(loss), rel=2e-6)
+    ce, mse = (float(metrics[k].compute()) for k in ("cross_ent_loss", "number_mse"))
+    assert float(t5x_loss) == pytest.approx((ce + mse) / 2, rel=1e-6) and mse > 0
+    theirs = dict(jax.tree_util.tree_flatten_with_path(t5x_grads)[0])
+    flat = jax.tree_util.tree_flatten_with_path(to_t5x(grads))[0]
+    assert len(flat) == len(theirs) and any("number_head" in jax.tree_util.keystr(p) for p, _ in flat)
+    for path, ours in flat:
+        scale = float(np.abs(ours).max())
+        np.testing.assert_allclose(theirs[path], ours, rtol=1e-4, atol=1e-5 * scale + 1e-9,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+def test_the_t5x_xval_model_predicts_the_trainers_text(xval_setup):
+    from flax import linen as nn
+
+    from ntl_jax.data.number_scaling import unscale_values
+    from ntl_jax.flax import xval as flax_xval
+    from ntl_jax.train import xval
+
+    vocabulary, codec, features, cfg, model, params = xval_setup
+    eval_set = data_lib.EvalSet(data_lib.encode_texts(vocabulary, QUESTIONS, 24)[0], QUESTIONS, ANSWERS)
+    assert xval.predict(model, params, eval_set, vocabulary, 8, batch_size=5) == _t5x_texts(cfg, params, features)
+    # The token head made to write "[NUM] - [NUM]": the texts hold the head's values.
+    sp, minus = vocabulary.encode(" ")[0], vocabulary.encode("-")[0]
+    forced = np.array([codec.num_id, sp, minus, sp, codec.num_id, 1, 1, 1])
+
+    def force(next_fun, args, kwargs, context):
+        out = next_fun(*args, **kwargs)
+        if context.module.name == "logits_dense" and context.method_name == "__call__":
+            return jnp.broadcast_to(100.0 * jax.nn.one_hot(forced[: out.shape[1]], out.shape[-1]), out.shape)
+        return out
+
+    with nn.intercept_methods(force):
+        ids, nums = flax_xval.greedy_decode(model, params, jnp.asarray(features["encoder_input_tokens"]),
+                                            jnp.asarray(features["encoder_scale"]), 8, codec.num_id)
+        got = _t5x_texts(cfg, params, features)
+    values = unscale_values(np.asarray(nums))
+    assert got == [codec.decode(row, v) for row, v in zip(np.asarray(ids), values)]
+    for text, v in zip(got, values):  # the head's values, written where [NUM] was emitted
+        assert text.split() == [xval.format_value(v[0]), "-", xval.format_value(v[4])]
+
+
+def _t5x_texts(cfg, params, features):
+    t5x_model = _t5x_xval_model(cfg)
+    batch = {k: jnp.asarray(features[k]) for k in ("encoder_input_tokens", "encoder_scale", "decoder_input_tokens")}
+    decodes, _ = t5x_model.predict_batch_with_aux(to_t5x(params), batch)
+    assert decodes.shape == (5, 16)  # (token, value bits) per position
+    with pytest.raises(ValueError, match="greedily, one decode per example"):
+        t5x_model.predict_batch_with_aux(to_t5x(params), batch, num_decodes=4)
+    return [t5x_model.output_vocabulary.decode(row) for row in np.asarray(decodes)]
