@@ -188,6 +188,15 @@ class Report:
         return "\n".join(lines)
 
 
+def _feature_dtype(converter, name: str):
+    """The dtype of a model feature as the feature converter writes it (int32 but for a
+    converter's own, such as xVal's float32 scales)."""
+    import numpy as np
+
+    spec = converter.MODEL_FEATURES.get(name)
+    return np.dtype(spec.dtype.as_numpy_dtype) if spec is not None else np.dtype(np.int32)
+
+
 def check(*, model, train_dataset_cfg, partitioner, topology: str, hbm_gib: Optional[float] = None,
           num_microbatches: Optional[int] = None) -> Report:
     """Compiles T5X's train step of `model` for `topology` and reports per-chip memory."""
@@ -204,13 +213,13 @@ def check(*, model, train_dataset_cfg, partitioner, topology: str, hbm_gib: Opti
     lengths = converter.get_model_feature_lengths(train_dataset_cfg.task_feature_lengths)
     batch_size = train_dataset_cfg.batch_size
     input_shapes = {k: (batch_size, n) for k, n in lengths.items()}
-    input_types = {k: jnp.int32 for k in lengths}
+    input_types = {k: _feature_dtype(converter, k) for k in lengths}
     initializer = utils.TrainStateInitializer(optimizer_def=model.optimizer_def, init_fn=model.get_initial_variables,
                                               input_shapes=input_shapes, input_types=input_types,
                                               partitioner=partitioner)
     state_shape, state_axes = initializer.global_train_state_shape, initializer.train_state_axes
     data_spec = partitioning.PartitionSpec(*partitioner.data_partition_spec)
-    batch = {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=NamedSharding(mesh, data_spec))
+    batch = {k: jax.ShapeDtypeStruct(s, input_types[k], sharding=NamedSharding(mesh, data_spec))
              for k, s in input_shapes.items()}
 
     def train_step(train_state, batch):

@@ -91,3 +91,20 @@ def test_a_chip_without_a_default_t5x_layout_names_the_setting(tmp_path):
     assert result.returncode == 1
     assert "T5X would not start on this pod" in result.stderr
     assert "model_parallel_submesh" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("system", ["rt_ntl", "xval"])
+def test_the_papers_baselines_compile_for_the_slice(tmp_path, system):
+    result = _check(tmp_path, "--topology=v5e:2x2", ONE_CHIP, f"--gin_file=t5x_configs/systems/{system}.gin",
+                    f"--json={tmp_path / 'report.json'}")
+    assert result.returncode == 0, result.stderr[-5000:]
+    r = json.loads((tmp_path / "report.json").read_text())
+    if system == "xval":
+        # Unpacked: 8 rows of int32 encoder tokens and float32 scales (192 each), and decoder
+        # targets, inputs and loss weights (int32) with decoder scales and target values
+        # (float32), 32 each.
+        assert r["ntl"] == {} and r["batch_bytes"] == 8 * (2 * 192 + 5 * 32) * 4
+    else:
+        assert r["ntl"] == {"ntl_weight": 0.3, "ntl_kind": "mse", "fused": "auto"}
+        assert r["batch_bytes"] == 8 * (3 * 192 + 5 * 32) * 4
+    assert r["fits"]
