@@ -7,9 +7,9 @@ sequences and over the vocabulary cross device boundaries. With `fused_loss=True
 partitioned step is vocabulary-parallel (`fused_vocab_axis`, default `"model"`): the
 same metrics, and its compiled train step (dumped by XLA) all-gathers no part of the
 `logits_dense` kernel, which `fused_vocab_axis=None` (XLA partitioning the fused loss
-itself) does. The paper's baselines, the Regression Transformer (`systems/rt_ntl.gin`)
-and xVal (`systems/xval.gin`), give the single-device step's metrics too. Skipped
-without t5x.
+itself) does. The paper's other systems, T5 with CE and with CE + NTL-MSE, the
+Regression Transformer (`systems/rt_ntl.gin`) and xVal (`systems/xval.gin`), give the
+single-device step's metrics too. Skipped without t5x.
 """
 
 import math
@@ -195,60 +195,48 @@ def test_fused_data_parallel_step_one_equals_the_single_device_run(fused_runs, t
     assert _kernel_gathers(_train_step_all_gathers(run)) == []
 
 
-# -- the paper's baselines -------------------------------------------------------------
+# -- the paper's other systems ----------------------------------------------------------
 
-RT_NTL = UNFUSED + "\ninclude 't5x_configs/systems/rt_ntl.gin'\n"
+# system -> (what its run adds, the task, the metrics compared, its NTL weight; None: xVal).
+NTL_TAGS = ["loss", "cross_ent_loss", "z_loss", "ntl_loss", "accuracy"]
+SYSTEMS = {
+    "ce": (UNFUSED + "\ninclude 't5x_configs/losses/ce.gin'\n", TASK, NTL_TAGS, 0.0),
+    "ntl_mse": (UNFUSED + "\ninclude 't5x_configs/losses/ntl_mse.gin'\n", TASK, NTL_TAGS, 0.3),
+    "rt_ntl": (UNFUSED + "\ninclude 't5x_configs/systems/rt_ntl.gin'\n", f"{TASK}_rt", NTL_TAGS, 0.3),
+    "xval": ("\ninclude 't5x_configs/systems/xval.gin'\n", f"{TASK}_xval",
+             ["loss", "cross_ent_loss", "number_mse", "accuracy"], None),
+}
 
 
-@pytest.fixture(scope="module")
-def rt_runs(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("t5x_partitioned_rt")
-    return (_train_one_step(tmp_path, "single", 1, 1, RT_NTL),
-            _train_one_step(tmp_path, "sharded", 8, PARTITIONS, RT_NTL))
+@pytest.fixture(scope="module", params=list(SYSTEMS))
+def system_runs(request, tmp_path_factory):
+    system = request.param
+    tmp_path = tmp_path_factory.mktemp(f"t5x_partitioned_{system}")
+    extra = SYSTEMS[system][0]
+    return system, (_train_one_step(tmp_path, "single", 1, 1, extra),
+                    _train_one_step(tmp_path, "sharded", 8, PARTITIONS, extra))
 
 
-def test_rt_step_one_on_8_devices_equals_one_device(rt_runs):
-    single_run, sharded_run = rt_runs
-    info = (sharded_run / "model-info.txt").read_text()
+def test_each_systems_step_one_on_8_devices_equals_one_device(system_runs):
+    system, runs = system_runs
+    _, task, tags, weight = SYSTEMS[system]
+    info = (runs[1] / "model-info.txt").read_text()
     (line,) = [x for x in info.splitlines() if "Variable decoder/logits_dense/kernel " in x]
-    assert "vocab=1664" in line and "'model'" in line, line  # the RT vocabulary, sharded
-    assert "RtTransformer" in (sharded_run / "config.gin").read_text()
-    single, sharded = (_scalars(run / "train") for run in rt_runs)
-    assert single["ntl_loss"][1] > 0
-    for tag in COMPARED:
+    vocab = {"rt_ntl": 1664, "xval": 1024}.get(system, 384)  # the RT and xVal vocabularies, or bytes
+    assert f"vocab={vocab}" in line and "'model'" in line, line
+    if system == "xval":  # the number head is sharded too
+        (line,) = [x for x in info.splitlines() if "Variable number_head/hidden/kernel " in x]
+        assert "(embed=32, mlp=32)" in line and "'model'" in line, line
+    single, sharded = (_scalars(run / "train") for run in runs)
+    for tag in tags:
         a, b = single[tag][1], sharded[tag][1]
         assert math.isfinite(a), tag
         assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7), (tag, a, b)
-    total = sharded["cross_ent_loss"][1] + sharded["z_loss"][1] + 0.3 * sharded["ntl_loss"][1]
+    if weight is None:
+        total = (sharded["cross_ent_loss"][1] + sharded["number_mse"][1]) / 2
+    else:
+        total = sharded["cross_ent_loss"][1] + sharded["z_loss"][1] + weight * sharded["ntl_loss"][1]
     assert math.isclose(sharded["loss"][1], total, rel_tol=1e-5)
-    single, sharded = (_scalars(run / "training_eval" / f"{TASK}_rt") for run in rt_runs)
-    for tag in ("loss", "ntl_loss", "cross_ent_loss"):
-        assert math.isclose(single[tag][1], sharded[tag][1], rel_tol=1e-5), (tag, single[tag], sharded[tag])
-
-
-XVAL = "\ninclude 't5x_configs/systems/xval.gin'\n"
-
-
-@pytest.fixture(scope="module")
-def xval_runs(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("t5x_partitioned_xval")
-    return (_train_one_step(tmp_path, "single", 1, 1, XVAL),
-            _train_one_step(tmp_path, "sharded", 8, PARTITIONS, XVAL))
-
-
-def test_xval_step_one_on_8_devices_equals_one_device(xval_runs):
-    _, sharded_run = xval_runs
-    info = (sharded_run / "model-info.txt").read_text()
-    (line,) = [x for x in info.splitlines() if "Variable number_head/hidden/kernel " in x]
-    assert "(embed=32, mlp=32)" in line and "'model'" in line, line  # the number head, sharded too
-    single, sharded = (_scalars(run / "train") for run in xval_runs)
-    assert single["number_mse"][1] > 0
-    for tag in ("loss", "cross_ent_loss", "number_mse", "accuracy"):
-        a, b = single[tag][1], sharded[tag][1]
-        assert math.isfinite(a), tag
-        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7), (tag, a, b)
-    assert math.isclose(sharded["loss"][1], (sharded["cross_ent_loss"][1] + sharded["number_mse"][1]) / 2,
-                        rel_tol=1e-5)
-    single, sharded = (_scalars(run / "training_eval" / f"{TASK}_xval") for run in xval_runs)
-    for tag in ("loss", "cross_ent_loss", "number_mse"):
+    single, sharded = (_scalars(run / "training_eval" / task) for run in runs)
+    for tag in ("loss", "cross_ent_loss"):
         assert math.isclose(single[tag][1], sharded[tag][1], rel_tol=1e-5), (tag, single[tag], sharded[tag])
