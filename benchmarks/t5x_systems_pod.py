@@ -66,10 +66,11 @@ def table(results: dict) -> str:
         for row in ROWS:
             r = rows[row]
             fits = "" if r["fits"] else ", **does not fit**"
+            memory, traffic = r["total_bytes"] / base["total_bytes"], r["bytes_accessed"] / base["bytes_accessed"]
             lines.append(
                 f"| {size} | {topology} | {row} | {(r['params_bytes'] + r['optimizer_bytes']) / GIB:.3f} + "
                 f"{r['temp_bytes'] / GIB:.3f} = {r['total_bytes'] / GIB:.3f} GiB (of {r['hbm_bytes'] / GIB:.0f}){fits} "
-                f"| {r['total_bytes'] / base['total_bytes']:.3f}x, {r['bytes_accessed'] / base['bytes_accessed']:.3f}x |")
+                f"| {memory:.3f}x, {traffic:.3f}x |")
     return "\n".join(lines)
 
 

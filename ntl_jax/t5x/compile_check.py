@@ -201,7 +201,6 @@ def check(*, model, train_dataset_cfg, partitioner, topology: str, hbm_gib: Opti
           num_microbatches: Optional[int] = None) -> Report:
     """Compiles T5X's train step of `model` for `topology` and reports per-chip memory."""
     import jax
-    import jax.numpy as jnp
     from jax.sharding import NamedSharding
     from t5x import partitioning, utils
     from t5x import trainer as trainer_lib
