@@ -6,7 +6,7 @@ values; `decode(ids, values)` writes each `[NUM]` as its value (2 decimals, trai
 zeros dropped). Numbers are the matches of `-?[0-9]+(\\.[0-9]+)?`: a leading "-" belongs
 to the number, so "5 - 3" keeps its operator but "-3" is one number (and "5-3", without
 spaces, reads as 5 and -3; the mathematics generator spaces its binary operators).
-The trainer's xVal (`ntl_jax.train.xval`) and SeqIO's (`ntl_jax.seqio.xval_vocabulary()`)
+The trainer's xVal (`ntl_jax.train.xval`) and SeqIO's (`ntl_jax.seqio.xval.xval_vocabulary()`)
 use it.
 """
 

@@ -124,7 +124,8 @@ class XvalSeqioVocabulary(seqio.Vocabulary):
         return self._codec.encode(s)[0]
 
     def _decode(self, ids):
-        return self.decode(np.stack([np.asarray(ids, np.int64), np.zeros(len(ids), np.int64)], 1).reshape(-1))
+        raise NotImplementedError("xVal's ids carry no values: decode reads a prediction's (token, value bits) "
+                                  f"pairs, got {len(ids)} plain ids to _decode")
 
     def decode(self, ids) -> str:
         """A prediction's text: `ids` holds (token, value bits) pairs; up to the first EOS."""
