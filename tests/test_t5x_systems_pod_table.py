@@ -1,8 +1,9 @@
 """The T5X guide's table of the paper's five systems on a pod is
 `benchmarks/t5x_systems_pod.py`'s rendering of the committed
 `benchmarks/results/t5x_systems_pod.json`, and what the guide says of it holds: each
-system fits T5.1.1 Base on v5e:4x4 and v4:2x2x4, NTL costs at most 0.2 % more than vanilla
-T5, RT at most 1 % and xVal at most 2 % (memory and HBM traffic)."""
+system fits T5.1.1 Base on v5e:4x4 and v4:2x2x4; against vanilla T5, NTL costs at most
+0.08 % more memory and 0.11 % more HBM traffic, RT 0.42 % and 0.71 %, xVal 1.28 % and
+1.79 %."""
 
 import importlib.util
 import json
@@ -13,7 +14,9 @@ spec = importlib.util.spec_from_file_location("t5x_systems_pod", ROOT / "benchma
 pod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(pod)
 RESULTS = json.loads(pod.RESULTS.read_text())
-LIMITS = {"T5 + NTL-MSE": 1.002, "T5 + NTL-WAS": 1.002, "RT": 1.01, "RT + NTL-MSE": 1.01, "xVal": 1.02}
+# (memory, traffic) the guide states, to its rounding.
+LIMITS = {"T5 + NTL-MSE": (1.0008, 1.0011), "T5 + NTL-WAS": (1.0008, 1.0011), "RT": (1.0042, 1.0071),
+          "RT + NTL-MSE": (1.0042, 1.0071), "xVal": (1.0128, 1.0179)}
 
 
 def test_the_t5x_guide_shows_the_committed_results():
@@ -39,8 +42,8 @@ def test_each_system_is_what_its_row_names():
 def test_every_system_fits_and_costs_what_the_guide_says():
     for key, rows in RESULTS.items():
         base = rows[pod.BASELINE]
-        for row, limit in LIMITS.items():
+        for row, (memory, traffic) in LIMITS.items():
             r = rows[row]
             assert r["fits"], (key, row)
-            assert r["total_bytes"] <= limit * base["total_bytes"], (key, row)
-            assert r["bytes_accessed"] <= limit * base["bytes_accessed"], (key, row)
+            assert round(r["total_bytes"] / base["total_bytes"], 4) <= memory, (key, row)
+            assert round(r["bytes_accessed"] / base["bytes_accessed"], 4) <= traffic, (key, row)
