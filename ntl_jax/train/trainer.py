@@ -99,7 +99,8 @@ class TrainConfig:
             d.pop("fused_loss")
         if not step_lib.uses_gce(self.loss):  # not used: as runs saved before the option existed
             d.pop("gce_sigma")
-        if systems.vocabulary_name(self.loss) != "rt":  # not used
+        # Not used; or off, as RT runs saved before the option existed, which resume without it.
+        if systems.vocabulary_name(self.loss) != "rt" or not self.rt_float_encodings:
             d.pop("rt_float_encodings")
         return d
 

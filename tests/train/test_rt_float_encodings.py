@@ -112,5 +112,7 @@ def test_the_trainer_adds_them_to_the_rt_systems_only():
     assert TrainConfig(loss="ce").float_encodings() == "none"
     assert TrainConfig(loss="rt").identity()["rt_float_encodings"] is True
     assert "rt_float_encodings" not in TrainConfig(loss="ntl-was").identity()
+    # RT runs saved before the option (without encodings) resume with it off
+    assert "rt_float_encodings" not in TrainConfig(loss="rt", rt_float_encodings=False).identity()
     with pytest.raises(ValueError, match="float_encodings must be one of"):
         network.make_model("encoder-decoder", network.make_config("micro", 100), "xval")
