@@ -48,22 +48,40 @@ BASELINE = "CE (ntl_weight=0)"
 GIB = 1024**3
 
 
+def compile_report(flags: list[str], label: str) -> dict:
+    """The JSON report of `python -m ntl_jax.t5x.compile_check` with `flags` (the topology,
+    gin files and bindings), one chip per model replica, nothing written."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "report.json"
+        command = [sys.executable, "-m", "ntl_jax.t5x.compile_check", *flags, f'--gin.MODEL_DIR="{tmp}/unused"',
+                   "--gin.partitioning.PjitPartitioner.model_parallel_submesh=(1,1,1,1)", f"--json={out}"]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if result.returncode not in (0, 2):  # 2: does not fit, still a report
+            raise SystemExit(f"{label}: exit {result.returncode}\n{result.stderr[-4000:]}")
+        return json.loads(out.read_text())
+
+
 def run_one(size: str, topology: str, row: str, offline: bool) -> dict:
     from ntl_jax.data.vocabulary import DEFAULT_SPM_PATH
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = pathlib.Path(tmp) / "report.json"
-        command = [sys.executable, "-m", "ntl_jax.t5x.compile_check", f"--topology={topology}",
-                   f"--gin_file=t5x_configs/experiments/finetune/{size}_arithmetic.gin",
-                   f'--gin.MODEL_DIR="{tmp}/unused"',
-                   "--gin.partitioning.PjitPartitioner.model_parallel_submesh=(1,1,1,1)",
-                   f"--json={out}", *ROWS[row]]
-        if offline:
-            command.append(f"--gin.seqio.SentencePieceVocabulary.sentencepiece_model_file='{DEFAULT_SPM_PATH}'")
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-        if result.returncode not in (0, 2):  # 2: does not fit, still a report
-            raise SystemExit(f"{size} {topology} {row}: exit {result.returncode}\n{result.stderr[-4000:]}")
-        return json.loads(out.read_text())
+    flags = [f"--topology={topology}", f"--gin_file=t5x_configs/experiments/finetune/{size}_arithmetic.gin",
+             *ROWS[row]]
+    if offline:
+        flags.append(f"--gin.seqio.SentencePieceVocabulary.sentencepiece_model_file='{DEFAULT_SPM_PATH}'")
+    return compile_report(flags, f"{size} {topology} {row}")
+
+
+def measure(results: dict, path: pathlib.Path, sizes, topologies, rows, run_one) -> None:
+    """`run_one(size, topology, row)` for each, merged into `results` under
+    `"<size> <topology>"` and written to `path` as each row comes."""
+    for size in sizes:
+        for topology in topologies:
+            for row in rows:
+                report = run_one(size, topology, row)
+                results.setdefault(f"{size} {topology}", {})[row] = report
+                path.write_text(json.dumps(results, indent=1) + "\n")
+                print(f"{size} {topology} {row}: {report['total_bytes'] / GIB:.3f} GiB per chip, "
+                      f"fits: {report['fits']}", file=sys.stderr, flush=True)
 
 
 def table(results: dict) -> str:
@@ -100,14 +118,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text()) if args.results.exists() else {}
     if not args.table_only:
-        for size in args.sizes:
-            for topology in args.topologies:
-                for row in args.rows:
-                    report = run_one(size, topology, row, args.offline_vocabulary)
-                    results.setdefault(f"{size} {topology}", {})[row] = report
-                    args.results.write_text(json.dumps(results, indent=1) + "\n")  # each row as it comes
-                    print(f"{size} {topology} {row}: {report['total_bytes'] / GIB:.3f} GiB per chip, "
-                          f"fits: {report['fits']}", file=sys.stderr, flush=True)
+        measure(results, args.results, args.sizes, args.topologies, args.rows,
+                lambda size, topology, row: run_one(size, topology, row, args.offline_vocabulary))
     print(table(results))
 
 

@@ -25,9 +25,10 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from t5x_pod_fit import GIB, compile_report, measure  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "t5x_systems_pod.json"
@@ -40,20 +41,11 @@ ROWS = {
     "xVal": ["--gin_file=t5x_configs/systems/xval.gin"],
 }
 BASELINE = "T5, CE"
-GIB = 1024**3
 
 
 def run_one(size: str, topology: str, row: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = pathlib.Path(tmp) / "report.json"
-        command = [sys.executable, "-m", "ntl_jax.t5x.compile_check", f"--topology={topology}",
-                   f"--gin_file=t5x_configs/experiments/scratch/{size}_math13.gin", *ROWS[row],
-                   f'--gin.MODEL_DIR="{tmp}/unused"',
-                   "--gin.partitioning.PjitPartitioner.model_parallel_submesh=(1,1,1,1)", f"--json={out}"]
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-        if result.returncode not in (0, 2):  # 2: does not fit, still a report
-            raise SystemExit(f"{size} {topology} {row}: exit {result.returncode}\n{result.stderr[-4000:]}")
-        return json.loads(out.read_text())
+    return compile_report([f"--topology={topology}", f"--gin_file=t5x_configs/experiments/scratch/{size}_math13.gin",
+                           *ROWS[row]], f"{size} {topology} {row}")
 
 
 def table(results: dict) -> str:
@@ -84,14 +76,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text()) if args.results.exists() else {}
     if not args.table_only:
-        for size in args.sizes:
-            for topology in args.topologies:
-                for row in args.rows:
-                    report = run_one(size, topology, row)
-                    results.setdefault(f"{size} {topology}", {})[row] = report
-                    args.results.write_text(json.dumps(results, indent=1) + "\n")  # each row as it comes
-                    print(f"{size} {topology} {row}: {report['total_bytes'] / GIB:.3f} GiB per chip, "
-                          f"fits: {report['fits']}", file=sys.stderr, flush=True)
+        measure(results, args.results, args.sizes, args.topologies, args.rows, run_one)
     print(table(results))
 
 

@@ -131,7 +131,7 @@ class XvalSeqioVocabulary(seqio.Vocabulary):
         """A prediction's text: `ids` holds (token, value bits) pairs; up to the first EOS."""
         if isinstance(ids, tf.__internal__.EagerTensor):
             ids = ids.numpy()
-        pairs = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, np.int64).reshape(-1)
+        pairs = np.asarray(ids, np.int64).reshape(-1)
         if pairs.size % 2:
             raise ValueError(f"expected (token, value bits) pairs, an even number of ids, got {pairs.size}")
         tokens, bits = pairs[0::2], pairs[1::2].astype(np.int32)
