@@ -23,6 +23,17 @@ if (pages.length < 10) {  // a site that did not build has nothing to fail on
   process.exit(2);
 }
 
+// A sitemap is published only with the site's address in every entry (docs/hooks/sitemap.py).
+const sitemap = path.join(site, "sitemap.xml");
+if (fs.existsSync(sitemap)) {
+  const text = fs.readFileSync(sitemap, "utf8");
+  const locs = [...text.matchAll(/<loc>\s*(\S+?)\s*<\/loc>/g)].map((m) => m[1]);
+  if (locs.length < pages.length || !locs.every((l) => /^https?:\/\//.test(l))) {
+    console.error(`sitemap.xml lists ${locs.length} absolute address(es) for ${pages.length} pages`);
+    process.exit(1);
+  }
+}
+
 (async () => {
   const browser = await chromium.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
