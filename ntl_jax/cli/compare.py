@@ -84,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=cli_flags.positive_int, default=1,
                         help="runs trained at the same time, in separate processes "
                              "(default: %(default)s)")
+    parser.add_argument("--only-seeds", type=int, nargs="+", default=None, metavar="SEED",
+                        help="train only these seeds' runs, of 0..--seeds - 1, and write no "
+                             "summary: a part of the comparison for another machine, whose "
+                             "finished runs the whole command then reuses (default: every seed)")
     g = parser.add_argument_group("finetune protocol")
     g.add_argument("--pretrain-steps", type=cli_flags.positive_int, default=None,
                    help="CE pretraining steps (default: --steps)")
@@ -454,6 +458,20 @@ def plot(result: dict, out: str, path: str) -> str | None:
     return path
 
 
+def check_only_seeds(args: argparse.Namespace) -> None:
+    outside = sorted({s for s in args.only_seeds or [] if not 0 <= s < args.seeds})
+    if outside:
+        raise ValueError(f"--only-seeds takes seeds of 0..{args.seeds - 1} (--seeds {args.seeds}); "
+                         f"got {', '.join(map(str, outside))}")
+
+
+def only_seeds(args: argparse.Namespace, pretrain: list[RunSpec],
+               runs: list[RunSpec]) -> tuple[list[RunSpec], list[RunSpec]]:
+    """The plan's runs of the seeds `--only-seeds` names."""
+    keep = set(args.only_seeds)
+    return [s for s in pretrain if s.seed in keep], [s for s in runs if s.seed in keep]
+
+
 def run(args: argparse.Namespace) -> int:
     from ntl_jax.train.checkpoint import CheckpointError
     from ntl_jax.train.trainer import Diverged, Interrupted, check_output_dir, write_json
@@ -466,8 +484,11 @@ def run(args: argparse.Namespace) -> int:
         cli_train.check_gce_sigma(args, args.losses)
         check_also_against(args)
         check_primary_metric(args)
+        check_only_seeds(args)
         out = check_output_dir(args.out)
         pretrain, runs = plan(args, out)
+        if args.only_seeds is not None:
+            pretrain, runs = only_seeds(args, pretrain, runs)
         for spec in pretrain + runs:
             _config(args, spec).validate()
         results = _execute(args, out, pretrain, runs)
@@ -481,6 +502,11 @@ def run(args: argparse.Namespace) -> int:
         print("ntl-jax compare: interrupted; rerun the same command to resume "
               "(finished runs are reused)", file=sys.stderr)
         return 130
+    if args.only_seeds is not None:
+        print(f"trained seed(s) {', '.join(map(str, sorted(set(args.only_seeds))))} of {args.seeds}: "
+              f"{len(results)} run(s) under {out}; the summary is written by the command "
+              f"without --only-seeds, which reuses them")
+        return 0
     from ntl_jax.train import results_table
 
     result = build_result(args, getattr(args, "_argv", None), out, pretrain, runs, results,

@@ -270,3 +270,26 @@ def test_primary_metric_is_one_of_the_tables_metrics(tmp_path, capsys):
     assert ("--primary-metric expected one of the table's metrics (test_interpolate/number_accuracy, "
             in capsys.readouterr().err)
     assert not os.path.exists(tmp_path / "wrong")
+
+
+def test_only_seeds_trains_a_part_that_the_whole_command_reuses(tmp_path, capsys):
+    common = ["compare", "--steps", "2", "--seeds", "3", "--losses", "ce", "ntl-mse",
+              "--out", str(tmp_path)] + MICRO
+    assert cli.main(common + ["--only-seeds", "2", "0"]) == 0
+    assert "trained seed(s) 0, 2 of 3: 4 run(s)" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "ce").iterdir()) == ["seed_0", "seed_2"]
+    assert sorted(p.name for p in (tmp_path / "ntl-mse").iterdir()) == ["seed_0", "seed_2"]
+    assert not (tmp_path / "compare.json").exists()  # a part has no summary
+
+    assert cli.main(common) == 0
+    result = json.load(open(tmp_path / "compare.json"))
+    assert [(r["loss"], r["seed"]) for r in result["runs"]] == [
+        (loss, seed) for seed in range(3) for loss in ("ce", "ntl-mse")]
+    assert result["reused_runs"] == 4  # the part's runs, not trained again
+
+
+def test_only_seeds_outside_the_comparison_is_refused(tmp_path, capsys):
+    assert cli.main(["compare", "--seeds", "3", "--only-seeds", "1", "3", "-1",
+                     "--out", str(tmp_path / "part")] + MICRO) == 2
+    assert "--only-seeds takes seeds of 0..2 (--seeds 3); got -1, 3" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "part")
