@@ -7,7 +7,8 @@ another machine or checkout; or puts them back.
 `keep` copies what `ntl-jax compare` reads of a finished run (`config.json`,
 `results.json`, `metrics.jsonl`; not its checkpoints) for every seed whose runs have all
 finished, so that a seed's runs, which the comparison pairs, come from one machine
-(per-seed values follow the CPU's float kernels), and writes which machine that was.
+(per-seed values follow the machine's float kernels), and writes which machine that was:
+this one's CPU, or `--machine` for runs trained elsewhere (`compare --only-seeds` there).
 `restore` copies them back under a comparison's `--out`; rerunning its command then reuses
 them and trains the rest. Nothing here reads a run's metrics.
 """
@@ -40,7 +41,7 @@ def finished_seeds(out: pathlib.Path) -> dict[str, list[pathlib.Path]]:
     return kept
 
 
-def keep(out: pathlib.Path, kept: pathlib.Path) -> list[str]:
+def keep(out: pathlib.Path, kept: pathlib.Path, machine: str | None = None) -> list[str]:
     kept.mkdir(parents=True, exist_ok=True)
     machines_file = kept / MACHINES
     machines = json.loads(machines_file.read_text()) if machines_file.exists() else {}
@@ -54,7 +55,7 @@ def keep(out: pathlib.Path, kept: pathlib.Path) -> list[str]:
             for name in KEPT:
                 if (d / name).exists():
                     shutil.copy2(d / name, target / name)
-        machines[seed] = cpu_model()
+        machines[seed] = machine or cpu_model()
         new.append(seed)
     machines_file.write_text(json.dumps(dict(sorted(machines.items(), key=lambda kv: int(kv[0][5:]))), indent=1)
                              + "\n")
@@ -80,9 +81,12 @@ def main():
     parser.add_argument("action", choices=("keep", "restore"))
     parser.add_argument("source", type=pathlib.Path)
     parser.add_argument("destination", type=pathlib.Path)
+    parser.add_argument("--machine", default=None,
+                        help="keep: the machine that trained the runs, where it is not this one "
+                             "(default: this machine's CPU)")
     args = parser.parse_args()
     if args.action == "keep":
-        new = keep(args.source, args.destination)
+        new = keep(args.source, args.destination, args.machine)
         print(f"kept {len(new)} finished seed(s): {' '.join(new) or 'none'}")
     else:
         print(f"restored {restore(args.source, args.destination)} finished run(s)")

@@ -48,3 +48,11 @@ def test_only_seeds_that_every_variant_finished_are_kept_and_they_come_back(tmp_
     assert restored.read_text() == trained.read_text()
     assert not (fresh / "ce" / "seed_0" / "checkpoints").exists()
     assert keep_runs.restore(kept, fresh) == 0  # finished runs are left as they are
+
+
+def test_runs_trained_elsewhere_are_kept_with_the_machine_given(tmp_path):
+    out, kept = tmp_path / "part", tmp_path / "kept"
+    for variant in ("ce", "smmd"):
+        _run(out, variant, 15, finished=True)
+    assert keep_runs.keep(out, kept, machine="16 cores, JAX on NVIDIA H200") == ["seed_15"]
+    assert json.loads((kept / "machines.json").read_text()) == {"seed_15": "16 cores, JAX on NVIDIA H200"}
