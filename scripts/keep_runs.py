@@ -8,9 +8,9 @@ another machine or checkout; or puts them back.
 `results.json`, `metrics.jsonl`; not its checkpoints) for every seed whose runs have all
 finished, so that a seed's runs, which the comparison pairs, come from one machine
 (per-seed values follow the machine's float kernels), and writes which machine that was:
-this one's CPU, or `--machine` for runs trained elsewhere (`compare --only-seeds` there).
-`restore` copies them back under a comparison's `--out`; rerunning its command then reuses
-them and trains the rest. Nothing here reads a run's metrics.
+this one, or `--machine` for runs trained elsewhere (`compare --only-seeds` there).
+`restore` copies them back under a comparison's `--out`, with `machines.json`; rerunning its
+command then reuses them, trains the rest and names each seed's machine. Nothing here reads a run's metrics.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from ntl_jax.cli.compare import cpu_model  # noqa: E402
+from ntl_jax.cli.compare import MACHINES, machine_name  # noqa: E402
 
 KEPT = ("config.json", "results.json", "metrics.jsonl")
-MACHINES = "machines.json"
 
 
 def finished_seeds(out: pathlib.Path) -> dict[str, list[pathlib.Path]]:
@@ -55,7 +54,7 @@ def keep(out: pathlib.Path, kept: pathlib.Path, machine: str | None = None) -> l
             for name in KEPT:
                 if (d / name).exists():
                     shutil.copy2(d / name, target / name)
-        machines[seed] = machine or cpu_model()
+        machines[seed] = machine or machine_name()
         new.append(seed)
     machines_file.write_text(json.dumps(dict(sorted(machines.items(), key=lambda kv: int(kv[0][5:]))), indent=1)
                              + "\n")
@@ -63,6 +62,13 @@ def keep(out: pathlib.Path, kept: pathlib.Path, machine: str | None = None) -> l
 
 
 def restore(kept: pathlib.Path, out: pathlib.Path) -> int:
+    """Copies the kept runs back under `out`, and which machine trained each seed, which
+    the comparison's summary names."""
+    if (kept / MACHINES).exists():
+        out.mkdir(parents=True, exist_ok=True)
+        machines = json.loads((out / MACHINES).read_text()) if (out / MACHINES).exists() else {}
+        machines |= json.loads((kept / MACHINES).read_text())
+        (out / MACHINES).write_text(json.dumps(machines, indent=1) + "\n")
     copied = 0
     for run in kept.glob("*/seed_*"):
         target = out / run.parent.name / run.name
@@ -83,7 +89,7 @@ def main():
     parser.add_argument("destination", type=pathlib.Path)
     parser.add_argument("--machine", default=None,
                         help="keep: the machine that trained the runs, where it is not this one "
-                             "(default: this machine's CPU)")
+                             "(default: this one, as compare names it)")
     args = parser.parse_args()
     if args.action == "keep":
         new = keep(args.source, args.destination, args.machine)

@@ -60,6 +60,8 @@ TABLE_METRICS = {
 # The default budget (3 seeds x 2 losses x 1,000 steps) is sized to finish in under 10
 # minutes on 2 CPU cores; the result files in docs/results name their larger budgets explicitly.
 DEFAULTS = dict(cli_train.DEFAULTS, steps=1000)
+# Under --out: the machines that trained seeds reused from elsewhere (scripts/keep_runs.py).
+MACHINES = "machines.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -286,7 +288,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _machine() -> str:
+def machine_name() -> str:
     import jax
 
     device = jax.devices()[0]
@@ -294,6 +296,31 @@ def _machine() -> str:
     if device.platform == "cpu":
         return f"{cores}, JAX on CPU"
     return f"{cores}, JAX on {getattr(device, 'device_kind', device.platform)}"
+
+
+def _machines(out: str, seeds: list[int]) -> str:
+    """The machine that trained each seed: `<out>/machines.json` (`{"seed_<k>": machine}`,
+    written by scripts/keep_runs.py for seeds trained elsewhere), else this one."""
+    path = os.path.join(out, MACHINES)
+    recorded = json.load(open(path)) if os.path.exists(path) else {}
+    here = machine_name()
+    by_machine: dict[str, list[int]] = {}
+    for seed in sorted(set(seeds)):
+        by_machine.setdefault(recorded.get(f"seed_{seed}", here), []).append(seed)
+    if len(by_machine) == 1:
+        return next(iter(by_machine))
+    return "; ".join(f"{machine} (seeds {_seed_ranges(group)})" for machine, group in by_machine.items())
+
+
+def _seed_ranges(seeds: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0–2, 5, 7–8"."""
+    spans: list[list[int]] = []
+    for s in seeds:
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in spans)
 
 
 def _run_record(spec: RunSpec, result: dict, out: str) -> dict:
@@ -323,7 +350,8 @@ def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
              + f"{args.steps} steps x batch {args.batch_size}, {args.seeds} paired seeds")
     command = "ntl-jax " + shlex.join(argv) if argv is not None else None
     return {
-        "title": title, "command": command, "machine": _machine(), "versions": _versions(),
+        "title": title, "command": command,
+        "machine": _machines(out, [s.seed for s in runs]), "versions": _versions(),
         "seconds": seconds,
         # Training time of every run, also of runs finished by an earlier invocation.
         "run_seconds": sum(r.get("seconds") or 0.0 for r in results.values()),

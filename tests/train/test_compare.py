@@ -293,3 +293,13 @@ def test_only_seeds_outside_the_comparison_is_refused(tmp_path, capsys):
                      "--out", str(tmp_path / "part")] + MICRO) == 2
     assert "--only-seeds takes seeds of 0..2 (--seeds 3); got -1, 3" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "part")
+
+
+def test_the_summary_names_the_machine_of_each_seed(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli_compare, "machine_name", lambda: "here, 2 cores, JAX on CPU")
+    assert cli_compare._machines(str(tmp_path), [0, 1, 2, 0]) == "here, 2 cores, JAX on CPU"
+    (tmp_path / "machines.json").write_text(json.dumps(
+        {"seed_0": "here, 2 cores, JAX on CPU", "seed_3": "there, JAX on GPU", "seed_4": "there, JAX on GPU",
+         "seed_6": "there, JAX on GPU"}))
+    assert cli_compare._machines(str(tmp_path), list(range(8))) == (
+        "here, 2 cores, JAX on CPU (seeds 0–2, 5, 7); there, JAX on GPU (seeds 3–4, 6)")

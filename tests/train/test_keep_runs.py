@@ -48,6 +48,9 @@ def test_only_seeds_that_every_variant_finished_are_kept_and_they_come_back(tmp_
     assert restored.read_text() == trained.read_text()
     assert not (fresh / "ce" / "seed_0" / "checkpoints").exists()
     assert keep_runs.restore(kept, fresh) == 0  # finished runs are left as they are
+    # The comparison's summary names each seed's machine from the copy under its --out.
+    assert json.loads((fresh / "machines.json").read_text()) == json.loads(
+        (kept / "machines.json").read_text())
 
 
 def test_runs_trained_elsewhere_are_kept_with_the_machine_given(tmp_path):
