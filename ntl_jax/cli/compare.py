@@ -298,11 +298,26 @@ def machine_name() -> str:
     return f"{cores}, JAX on {getattr(device, 'device_kind', device.platform)}"
 
 
-def _machines(out: str, seeds: list[int]) -> str:
-    """The machine that trained each seed: `<out>/machines.json` (`{"seed_<k>": machine}`,
-    written by scripts/keep_runs.py for seeds trained elsewhere), else this one."""
+def read_machines(out: str) -> dict[str, str]:
+    """`<out>/machines.json`: `{"seed_<k>": machine}` for the seeds trained elsewhere
+    (written by scripts/keep_runs.py); empty if there is none."""
     path = os.path.join(out, MACHINES)
-    recorded = json.load(open(path)) if os.path.exists(path) else {}
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as f:
+            recorded = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: expected a JSON object of seed_<k>: machine, got "
+                         f"unreadable content ({e})") from e
+    if not (isinstance(recorded, dict) and all(
+            re.fullmatch(r"seed_\d+", k) and isinstance(v, str) for k, v in recorded.items())):
+        raise ValueError(f"{path}: expected a JSON object of seed_<k>: machine, got {recorded!r:.200}")
+    return recorded
+
+
+def _machines(recorded: dict[str, str], seeds: list[int]) -> str:
+    """The machine that trained each seed: `recorded` (`read_machines`), else this one."""
     here = machine_name()
     by_machine: dict[str, list[int]] = {}
     for seed in sorted(set(seeds)):
@@ -351,7 +366,7 @@ def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
     command = "ntl-jax " + shlex.join(argv) if argv is not None else None
     return {
         "title": title, "command": command,
-        "machine": _machines(out, [s.seed for s in runs]), "versions": _versions(),
+        "machine": _machines(read_machines(out), [s.seed for s in runs]), "versions": _versions(),
         "seconds": seconds,
         # Training time of every run, also of runs finished by an earlier invocation.
         "run_seconds": sum(r.get("seconds") or 0.0 for r in results.values()),
@@ -514,6 +529,7 @@ def run(args: argparse.Namespace) -> int:
         check_primary_metric(args)
         check_only_seeds(args)
         out = check_output_dir(args.out)
+        read_machines(out)  # read again for the summary; a broken file fails here, not after the runs
         pretrain, runs = plan(args, out)
         if args.only_seeds is not None:
             pretrain, runs = only_seeds(args, pretrain, runs)

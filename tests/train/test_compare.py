@@ -297,9 +297,19 @@ def test_only_seeds_outside_the_comparison_is_refused(tmp_path, capsys):
 
 def test_the_summary_names_the_machine_of_each_seed(tmp_path, monkeypatch):
     monkeypatch.setattr(cli_compare, "machine_name", lambda: "here, 2 cores, JAX on CPU")
-    assert cli_compare._machines(str(tmp_path), [0, 1, 2, 0]) == "here, 2 cores, JAX on CPU"
+    recorded = cli_compare.read_machines(str(tmp_path))
+    assert recorded == {}
+    assert cli_compare._machines(recorded, [0, 1, 2, 0]) == "here, 2 cores, JAX on CPU"
     (tmp_path / "machines.json").write_text(json.dumps(
         {"seed_0": "here, 2 cores, JAX on CPU", "seed_3": "there, JAX on GPU", "seed_4": "there, JAX on GPU",
          "seed_6": "there, JAX on GPU"}))
-    assert cli_compare._machines(str(tmp_path), list(range(8))) == (
+    assert cli_compare._machines(cli_compare.read_machines(str(tmp_path)), list(range(8))) == (
         "here, 2 cores, JAX on CPU (seeds 0–2, 5, 7); there, JAX on GPU (seeds 3–4, 6)")
+
+
+@pytest.mark.parametrize("content", ['{"seed_0": ', '["here"]', '{"0": "here"}', '{"seed_0": 3}'])
+def test_a_broken_machines_file_is_refused_before_any_run(tmp_path, capsys, content):
+    (tmp_path / "machines.json").write_text(content)
+    assert cli.main(["compare", "--steps", "2", "--out", str(tmp_path)] + MICRO) == 2
+    assert "machines.json: expected a JSON object of seed_<k>: machine, got" in capsys.readouterr().err
+    assert not (tmp_path / "ce").exists()
