@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from ntl_jax.cli.compare import MACHINES, machine_name  # noqa: E402
+from ntl_jax.cli.compare import MACHINES, machine_name, read_machines  # noqa: E402
 
 KEPT = ("config.json", "results.json", "metrics.jsonl")
 
@@ -43,8 +43,7 @@ def finished_seeds(out: pathlib.Path) -> dict[str, list[pathlib.Path]]:
 
 def keep(out: pathlib.Path, kept: pathlib.Path, machine: str | None = None) -> list[str]:
     kept.mkdir(parents=True, exist_ok=True)
-    machines_file = kept / MACHINES
-    machines = json.loads(machines_file.read_text()) if machines_file.exists() else {}
+    machines = read_machines(str(kept))
     new = []
     for seed, dirs in finished_seeds(out).items():
         if seed in machines:
@@ -57,8 +56,8 @@ def keep(out: pathlib.Path, kept: pathlib.Path, machine: str | None = None) -> l
                     shutil.copy2(d / name, target / name)
         machines[seed] = machine or machine_name()
         new.append(seed)
-    machines_file.write_text(json.dumps(dict(sorted(machines.items(), key=lambda kv: int(kv[0][5:]))), indent=1)
-                             + "\n")
+    in_seed_order = dict(sorted(machines.items(), key=lambda kv: int(kv[0][5:])))
+    (kept / MACHINES).write_text(json.dumps(in_seed_order, indent=1) + "\n")
     return new
 
 
@@ -67,8 +66,7 @@ def restore(kept: pathlib.Path, out: pathlib.Path) -> int:
     the comparison's summary names."""
     if (kept / MACHINES).exists():
         out.mkdir(parents=True, exist_ok=True)
-        machines = json.loads((out / MACHINES).read_text()) if (out / MACHINES).exists() else {}
-        machines |= json.loads((kept / MACHINES).read_text())
+        machines = read_machines(str(out)) | read_machines(str(kept))
         (out / MACHINES).write_text(json.dumps(machines, indent=1) + "\n")
     copied = 0
     for run in kept.glob("*/seed_*"):

@@ -138,7 +138,8 @@ def run_dir(out: str, spec: RunSpec) -> str:
 
 
 def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpec]]:
-    """(pretraining runs, compared runs) of the comparison, in the order they train."""
+    """(pretraining runs, compared runs) of the comparison, or of its `--only-seeds`, in the
+    order they train."""
     from ntl_jax.train.step import uses_gce
     from ntl_jax.train.systems import starts_from_ce, trains_ntl, weight_flag
 
@@ -170,7 +171,7 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
         return text
 
     pretrain, runs = [], []
-    for seed in range(args.seeds):
+    for seed in sorted(set(args.only_seeds)) if args.only_seeds is not None else range(args.seeds):
         init_from = ""
         if args.protocol == "finetune":
             pre = RunSpec("pretrain-ce", "ce", seed, 0.0, args.learning_rate,
@@ -349,8 +350,8 @@ def _run_record(spec: RunSpec, result: dict, out: str) -> dict:
 
 def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
                  pretrain: list[RunSpec], runs: list[RunSpec],
-                 results: dict[RunSpec, dict], seconds: float) -> dict:
-    """The content of compare.json."""
+                 results: dict[RunSpec, dict], seconds: float, machines: dict[str, str]) -> dict:
+    """The content of compare.json; `machines` as `read_machines` gives them."""
     from ntl_jax.train import paired_stats
 
     records = [_run_record(s, results[s], out) for s in runs]
@@ -366,7 +367,7 @@ def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
     command = "ntl-jax " + shlex.join(argv) if argv is not None else None
     return {
         "title": title, "command": command,
-        "machine": _machines(read_machines(out), [s.seed for s in runs]), "versions": _versions(),
+        "machine": _machines(machines, [s.seed for s in runs]), "versions": _versions(),
         "seconds": seconds,
         # Training time of every run, also of runs finished by an earlier invocation.
         "run_seconds": sum(r.get("seconds") or 0.0 for r in results.values()),
@@ -508,13 +509,6 @@ def check_only_seeds(args: argparse.Namespace) -> None:
                          f"got {', '.join(map(str, outside))}")
 
 
-def only_seeds(args: argparse.Namespace, pretrain: list[RunSpec],
-               runs: list[RunSpec]) -> tuple[list[RunSpec], list[RunSpec]]:
-    """The plan's runs of the seeds `--only-seeds` names."""
-    keep = set(args.only_seeds)
-    return [s for s in pretrain if s.seed in keep], [s for s in runs if s.seed in keep]
-
-
 def run(args: argparse.Namespace) -> int:
     from ntl_jax.train.checkpoint import CheckpointError
     from ntl_jax.train.trainer import Diverged, Interrupted, check_output_dir, write_json
@@ -529,10 +523,8 @@ def run(args: argparse.Namespace) -> int:
         check_primary_metric(args)
         check_only_seeds(args)
         out = check_output_dir(args.out)
-        read_machines(out)  # read again for the summary; a broken file fails here, not after the runs
+        machines = read_machines(out)  # before the runs: a broken file fails here
         pretrain, runs = plan(args, out)
-        if args.only_seeds is not None:
-            pretrain, runs = only_seeds(args, pretrain, runs)
         for spec in pretrain + runs:
             _config(args, spec).validate()
         results = _execute(args, out, pretrain, runs)
@@ -554,7 +546,7 @@ def run(args: argparse.Namespace) -> int:
     from ntl_jax.train import results_table
 
     result = build_result(args, getattr(args, "_argv", None), out, pretrain, runs, results,
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, machines)
     result["earlier_seconds"] = _earlier_seconds(os.path.join(out, "compare.json"), result)
     write_json(os.path.join(out, "compare.json"), result)
     table = results_table.render(result)
