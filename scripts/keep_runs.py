@@ -56,9 +56,14 @@ def keep(out: pathlib.Path, kept: pathlib.Path, machine: str | None = None) -> l
                     shutil.copy2(d / name, target / name)
         machines[seed] = machine or machine_name()
         new.append(seed)
-    in_seed_order = dict(sorted(machines.items(), key=lambda kv: int(kv[0][5:])))
-    (kept / MACHINES).write_text(json.dumps(in_seed_order, indent=1) + "\n")
+    write_machines(kept, machines)
     return new
+
+
+def write_machines(folder: pathlib.Path, machines: dict[str, str]) -> None:
+    """`<folder>/machines.json`, in seed order (the form `read_machines` reads)."""
+    in_seed_order = dict(sorted(machines.items(), key=lambda kv: int(kv[0][5:])))
+    (folder / MACHINES).write_text(json.dumps(in_seed_order, indent=1) + "\n")
 
 
 def restore(kept: pathlib.Path, out: pathlib.Path) -> int:
@@ -66,8 +71,7 @@ def restore(kept: pathlib.Path, out: pathlib.Path) -> int:
     the comparison's summary names."""
     if (kept / MACHINES).exists():
         out.mkdir(parents=True, exist_ok=True)
-        machines = read_machines(str(out)) | read_machines(str(kept))
-        (out / MACHINES).write_text(json.dumps(machines, indent=1) + "\n")
+        write_machines(out, read_machines(str(out)) | read_machines(str(kept)))
     copied = 0
     for run in kept.glob("*/seed_*"):
         target = out / run.parent.name / run.name
