@@ -43,7 +43,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import re
 import statistics
 import sys
@@ -59,6 +58,7 @@ import optax
 from vocabularies import VOCABS, llama3_number_tokens, sample_targets
 
 from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
+from ntl_jax.train.machine import cpu_model
 
 OPTIONS = dict(ntl_kind="was", ntl_weight=0.3, z_loss=1e-4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
 
@@ -222,7 +222,7 @@ def main() -> None:
 
     device = jax.devices()[0]
     print(f"# d_model {args.d_model}; jax {jax.__version__} on {device.platform} ({device.device_kind}, "
-          f"{platform.processor() or platform.machine()})")
+          f"{cpu_model()})")
     rows = []
     load_start = os.getloadavg()[0]
     order_rng = np.random.default_rng(args.seed + 1)

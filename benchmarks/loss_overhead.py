@@ -71,7 +71,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -617,17 +616,6 @@ def format_table(shape, dtype_name, runners, peaks, repeats, usage="objective") 
     return "\n".join(lines)
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=None,
@@ -707,6 +695,8 @@ def run(argv=None) -> int:
         return 2
 
     import jax
+
+    from ntl_jax.train.machine import cpu_model
 
     usages = USAGES if args.usage == "both" else (args.usage,)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -15,7 +15,6 @@ second time, `<first> (again)`: the same program, so its ratio is the machine's 
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 
@@ -25,6 +24,7 @@ from loss_overhead import median_interval
 
 from ntl_jax.train import network, optim
 from ntl_jax.train import step as step_lib
+from ntl_jax.train.machine import cpu_model
 from ntl_jax.train.trainer import number_tokens_of
 
 
@@ -93,7 +93,7 @@ def main() -> None:
     print(f"# {args.preset} preset, batch {args.batch}, lengths {args.input_length}/"
           f"{args.target_length}, vocab {cfg.vocab_size}; {args.rounds} rounds x "
           f"{args.steps} steps; jax {jax.__version__} on {jax.devices()[0].platform} "
-          f"({platform.processor() or platform.machine()})")
+          f"({cpu_model()})")
     base = times[names[0]]
     for name in names:
         ratios = [t / b for t, b in zip(times[name], base)]

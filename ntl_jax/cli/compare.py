@@ -41,6 +41,7 @@ import numpy as np
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli import train as cli_train
 from ntl_jax.train import data as data_lib
+from ntl_jax.train.machine import cpu_model
 
 TASKS = ("arithmetic", "multiplication", "diabetes")
 PROTOCOLS = ("scratch", "finetune")
@@ -275,18 +276,6 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return out
-
-
-def cpu_model() -> str:
-    """The CPU's model name (per-seed values follow its float kernels)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_name() -> str:
