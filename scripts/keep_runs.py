@@ -10,8 +10,8 @@ another machine or checkout; or puts them back.
 finished (`--runs-per-seed`, the comparison's losses times their weights: a variant not
 yet started has no directory to count), so that a seed's runs, which the comparison
 pairs, come from one machine (per-seed values follow the machine's float kernels), and
-writes which machine that was:
-this one, or `--machine` for runs trained elsewhere (`compare --only-seeds` there).
+writes which machine that was: this one, or `--machine` for runs trained elsewhere
+(`compare --only-seeds` there).
 `restore` copies them back under a comparison's `--out`, with `machines.json`; rerunning
 its command then reuses them, trains the rest and names each seed's machine. Nothing here
 reads a run's metrics.
