@@ -8,7 +8,7 @@ are compiled with their gradients:
 - `unfused`: `hidden @ kernel`, then `ntl_jax.cross_entropy_and_ntl` (NTL-WAS, λ 0.3,
   z-loss 1e-4, T5X's NUM_REAL_TARGET_TOKENS);
 - `fused`: `ntl_jax.fused_cross_entropy_and_ntl` with the same options;
-- `fused CE`: the same with `ntl_kind="none"` (what NTL adds to the fused head);
+- `fused CE`: the same with `number_loss=None` (what NTL adds to the fused head);
 - `token chunks 512`: the plain alternative, `cross_entropy_and_ntl` on 512 tokens at a
   time under `jax.checkpoint` (for comparison; it cannot do the number-level loss).
 
@@ -60,7 +60,7 @@ from vocabularies import VOCABS, llama3_number_tokens, sample_targets
 from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
 from ntl_jax.train.machine import cpu_model
 
-OPTIONS = dict(ntl_kind="was", ntl_weight=0.3, z_loss=1e-4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+OPTIONS = dict(number_loss="was", ntl_weight=0.3, z_loss=1e-4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
 
 
 def number_tokens(vocab: int, kind: str = "t5") -> NumberTokens:
@@ -107,7 +107,7 @@ def variants(targets, nt, chunk_sizes=()):
         return fused_cross_entropy_and_ntl(h, k, targets, nt, **OPTIONS)[0]
 
     def fused_ce(h, k):
-        return fused_cross_entropy_and_ntl(h, k, targets, nt, **{**OPTIONS, "ntl_kind": "none"})[0]
+        return fused_cross_entropy_and_ntl(h, k, targets, nt, **{**OPTIONS, "number_loss": None})[0]
 
     def token_chunks(h, k, chunk=512):
         # The plain alternative: the logits of `chunk` tokens at a time under
@@ -118,7 +118,7 @@ def variants(targets, nt, chunk_sizes=()):
         @jax.checkpoint
         def one(args):
             hc, tc = args
-            loss, parts = cross_entropy_and_ntl((hc @ k)[None], tc[None], nt, ntl_kind="was", ntl_weight=0.3,
+            loss, parts = cross_entropy_and_ntl((hc @ k)[None], tc[None], nt, number_loss="was", ntl_weight=0.3,
                                                 z_loss=1e-4)
             return loss, parts["weight_sum"]
 

@@ -5,9 +5,9 @@ Two usages, each its own table (`--usage objective|standalone|both`, default bot
 Objective: for each logits shape and dtype, the jitted `value_and_grad` (gradient with
 respect to the logits) of
 
-- `ce`: `ntl_jax.cross_entropy_and_ntl(..., ntl_kind="none")`, the reference;
+- `ce`: `ntl_jax.cross_entropy_and_ntl(..., number_loss=None)`, the reference;
 - `optax_ce`: `optax.softmax_cross_entropy_with_integer_labels(...).sum()`, a plain baseline;
-- `<kind>` / `<kind>+rw`: `cross_entropy_and_ntl(..., ntl_kind=kind, reweigh=False/True)`
+- `<kind>` / `<kind>+rw`: `cross_entropy_and_ntl(..., number_loss=ntl_jax.losses.<kind>(reweigh=False/True))`
   for kind in was, mse, mae, huber, number_level;
 
 and, when `ntloss` and `torch` are installed, the same objectives written with torch
@@ -27,7 +27,7 @@ their own step next to their own cross-entropy, with a weights mask (about 10% z
 
 - `optax_ce`: `mean(optax.softmax_cross_entropy_with_integer_labels(lg, t))`, the reference;
 - `was` / `was+rw`: `optax_ce + 0.3 * ntl_jax.ntl_was(lg, t, nt, weights=w, reduction="mean")`;
-- `mse`, `mae`, `huber` (and `+rw`): the same with `ntl_jax.ntl_dot(..., ntl_kind=kind)`;
+- `mse`, `mae`, `huber` (and `+rw`): the same with `ntl_jax.ntl_dot(..., loss_function=kind)`;
 - `number_level` (and `+rw`): the same with `ntl_jax.number_level_loss(...)`.
 
 With `--floors` the standalone table has two more rows, lower bounds for what any NTL
@@ -59,7 +59,8 @@ vocabulary 128,256 with the 1,110 number pieces 0-999, 00-09 and 000-099 at scat
 On a GPU, `--calls 10` queues ten steps per timed sample (dispatch would weigh in on one),
 `--hbm-floor` times reading the logits and writing as much beside the variants, and
 `--formulations all` compiles each NTL variant in each formulation of the number
-statistics (ntl_jax/_core/number_stats.py):
+statistics (ntl_jax/_core/number_stats.py; each variant traced inside its own
+`forced_formulation` block):
 
     python benchmarks/loss_overhead.py --shapes 8x1024x32128 --formulations all --hbm-floor --calls 10 --no-ntloss
 """
@@ -190,22 +191,45 @@ def make_weights(shape, seed=0):
 # -- JAX variants ---------------------------------------------------------------------
 
 
+def number_loss(kind: str, reweigh: bool = False):
+    """The `ntl_jax.losses` value of the spec name `kind` (reweigh only when set: NTL's
+    successors take none)."""
+    from ntl_jax import losses
+
+    return losses.LOSSES[kind](**({"reweigh": True} if reweigh else {}))
+
+
+def in_formulation(fn: Callable, formulation: str) -> Callable:
+    """`fn` computing its number statistics in `formulation` ("auto": each backend's own):
+    the override is read when `fn` is traced, and it is traced in its own block here,
+    whatever jitted it."""
+    from ntl_jax._core.number_stats import forced_formulation
+
+    def traced(*args):
+        with forced_formulation(formulation):
+            return fn(*args)
+
+    return traced
+
+
 def jax_variants(number_tokens, kinds=KINDS, formulation="auto") -> dict[str, Callable]:
     """name -> scalar loss(logits, targets); jitted with its logits gradient later.
-    `formulation`: of the number statistics ("auto": each backend's own)."""
+    `formulation`: of the number statistics ("auto": each backend's own). Fresh
+    functions on every call: one formulation's trace is never another's."""
     import jax.numpy as jnp
     import optax
 
     import ntl_jax
 
     def objective(kind, reweigh):
+        value = None if kind == "none" else number_loss(kind, reweigh)
+
         def loss(logits, targets):
             return ntl_jax.cross_entropy_and_ntl(
-                logits, targets, number_tokens, ntl_kind=kind, ntl_weight=NTL_WEIGHT, reweigh=reweigh,
-                formulation=formulation,
+                logits, targets, number_tokens, number_loss=value, ntl_weight=NTL_WEIGHT,
             )[0]
 
-        return loss
+        return in_formulation(loss, formulation)
 
     variants = {
         "ce": objective("none", False),
@@ -238,25 +262,24 @@ def standalone_variants(number_tokens, kinds=KINDS, floors=False, formulation="a
     def plus(kind, reweigh):
         if kind == "was":
             def ntl(lg, t, w):
-                return ntl_jax.ntl_was(lg, t, number_tokens, weights=w, reweigh=reweigh, reduction="mean",
-                                       formulation=formulation)
+                return ntl_jax.ntl_was(lg, t, number_tokens, weights=w, reweigh=reweigh, reduction="mean")
         elif kind == "number_level":
             def ntl(lg, t, w):
                 return ntl_jax.number_level_loss(lg, t, number_tokens, weights=w, reweigh=reweigh,
-                                                 reduction="mean", formulation=formulation)
+                                                 reduction="mean")
         elif kind in SUCCESSOR_KINDS:
             def ntl(lg, t, w):
-                return ntl_jax.number_token_loss(lg, t, number_tokens, weights=w, ntl_kind=kind,
-                                                 reduction="mean", formulation=formulation)
+                return ntl_jax.number_token_loss(lg, t, number_tokens, weights=w, number_loss=number_loss(kind),
+                                                 reduction="mean")
         else:
             def ntl(lg, t, w):
-                return ntl_jax.ntl_dot(lg, t, number_tokens, weights=w, ntl_kind=kind, reweigh=reweigh,
-                                       reduction="mean", formulation=formulation)
+                return ntl_jax.ntl_dot(lg, t, number_tokens, weights=w, loss_function=kind, reweigh=reweigh,
+                                       reduction="mean")
 
         def loss(logits, targets, weights):
             return ce(logits, targets, weights) + NTL_WEIGHT * ntl(logits, targets, weights)
 
-        return loss
+        return in_formulation(loss, formulation)
 
     variants = {"optax_ce": ce, "optax_ce (again)": ce}
     for kind in kinds:
@@ -755,7 +778,7 @@ def run(argv=None) -> int:
           " the machine's noise alone")
     if "objective" in usages:
         print(f"- objective table: cross_entropy_and_ntl, CE (sum) + {NTL_WEIGHT} x NTL (sum), vs "
-              'ntl_kind="none"')
+              "number_loss=None")
     if args.floors and "standalone" in usages:
         print("- `floor:` rows: lower bounds for any NTL gradient here: NTL-WAS's value without its gradient;"
               " a gradient of one compare and select per element")

@@ -21,15 +21,16 @@ Tables (`--tables`, default all):
 
 1. standalone: `optax CE` = `sum(optax.softmax_cross_entropy_with_integer_labels(
    logits.astype(f32), t) * w) / sum(w)`, the reference, and `optax CE + 0.3 *
-   ntl_jax.number_token_loss(logits, t, nt, ntl_kind=K, weights=w, reduction="mean",
-   reweigh=R)` for every kind (`was` with `squash_factor=5` on T5's digits only,
-   `number_level_float` where the table has a "." token), R = False / True.
+   ntl_jax.number_token_loss(logits, t, nt, number_loss=K(reweigh=R), weights=w,
+   reduction="mean")` for every loss K of `ntl_jax.losses` (`was(squash_factor=5)` on
+   T5's digits only, `number_level_float` where the table has a "." token), R = False /
+   True ("+rw") where the loss has a largest value.
 2. objective: `ntl_jax.cross_entropy_and_ntl(logits, t, nt, weights=w,
    loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", ...)[0]` with its options, against
    the same optax CE.
 3. fused: `ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, ...)` differentiated with
    respect to hidden `[B, L, D]` and kernel `[D, V]` (bf16; D = 512 at T5's shape, 2048
-   at the LLaMA-3-like one), against its own CE-only setting (`ntl_kind="none"`).
+   at the LLaMA-3-like one), against its own CE-only setting (`number_loss=None`).
 4. vocab-parallel: the fused head on `v5e:2x4` (mesh data 2 x model 4,
    `vocab_axis="model"`), with the hidden states' batch on `data`, and with their
    sequence on `model` as well (`sequence_parallel=True`): its all-gathers (none may
@@ -488,33 +489,51 @@ STANDALONE_KINDS = ("was", "was_cdf", "mse", "mae", "huber", "number_level", "nu
 UNBOUNDED_KINDS = ("del", "dist2", "smmd")
 
 
-def standalone_variants(vocab: str, kinds=None, reweighs=(False, True)) -> dict[str, Callable]:
-    """name -> loss(logits, targets, weights): optax CE first, then optax CE + 0.3 x each
-    standalone NTL (with and without reweigh)."""
-    import ntl_jax
+def number_loss(kind: str, reweigh: bool = False, **params):
+    """The `ntl_jax.losses` value of the spec name `kind`, with `params` (and `reweigh`
+    only when set: the losses without a largest value take none)."""
+    from ntl_jax import losses
 
+    return losses.LOSSES[kind](**params, **({"reweigh": True} if reweigh else {}))
+
+
+def standalone_losses(vocab: str, kinds=None, reweighs=(False, True)) -> dict:
+    """name -> the `ntl_jax.losses` value of each standalone row after optax CE ("+ was",
+    "+ was +rw", "+ was sq5", ...)."""
     nt = number_tokens(vocab)
     kinds = list(kinds or STANDALONE_KINDS)
     if nt.dot_id is None and "number_level_float" in kinds:
         kinds.remove("number_level_float")
-    settings = [(k, k, None) for k in kinds]
+    settings = [(k, k, {}) for k in kinds]
     if vocab == "t5" and "was" in kinds:  # values 0..9: a squash factor is defined
-        settings.insert(kinds.index("was") + 1, ("was sq5", "was", 5.0))
+        settings.insert(kinds.index("was") + 1, ("was sq5", "was", {"squash_factor": 5.0}))
+    out = {}
+    for name, kind, params in settings:
+        for reweigh in reweighs:
+            if reweigh and kind in UNBOUNDED_KINDS:
+                continue
+            out[f"+ {name}" + (" +rw" if reweigh else "")] = number_loss(kind, reweigh, **params)
+    return out
 
-    def plus(kind, squash, reweigh):
+
+def standalone_variants(vocab: str, kinds=None, reweighs=(False, True)) -> dict[str, Callable]:
+    """name -> loss(logits, targets, weights): optax CE first, then optax CE + 0.3 x each
+    standalone NTL (with and without reweigh; `standalone_losses`)."""
+    import ntl_jax
+
+    nt = number_tokens(vocab)
+
+    def plus(loss_value):
         def loss(logits, targets, weights):
-            ntl = ntl_jax.number_token_loss(logits, targets, nt, ntl_kind=kind, weights=weights, reduction="mean",
-                                            reweigh=reweigh, squash_factor=squash)
+            ntl = ntl_jax.number_token_loss(logits, targets, nt, number_loss=loss_value, weights=weights,
+                                            reduction="mean")
             return optax_ce(logits, targets, weights) + NTL_WEIGHT * ntl
 
         return loss
 
     variants = {"optax CE": optax_ce}
-    for name, kind, squash in settings:
-        for reweigh in reweighs:
-            if reweigh and kind in UNBOUNDED_KINDS:
-                continue
-            variants[f"+ {name}" + (" +rw" if reweigh else "")] = plus(kind, squash, reweigh)
+    for name, value in standalone_losses(vocab, kinds, reweighs).items():
+        variants[name] = plus(value)
     return variants
 
 
@@ -534,26 +553,41 @@ def jax_vg(fn, argnums=0):
 
 # -- 2. the objective ----------------------------------------------------------------------------
 
+# name -> the objective's options; "number_loss" a spec name of `ntl_jax.losses` (built
+# with `number_loss`), or a value.
 OBJECTIVE_SETTINGS = {
     "was (default)": {},
-    "was_cdf": {"ntl_kind": "was_cdf"},
-    "mse": {"ntl_kind": "mse"},
-    "mae": {"ntl_kind": "mae"},
-    "huber": {"ntl_kind": "huber"},
-    "number_level": {"ntl_kind": "number_level"},
-    "number_level_float": {"ntl_kind": "number_level_float"},
-    "del": {"ntl_kind": "del"},
-    "dist2": {"ntl_kind": "dist2"},
-    "smmd": {"ntl_kind": "smmd"},
-    "was +rw": {"reweigh": True},
+    "was_cdf": {"number_loss": "was_cdf"},
+    "mse": {"number_loss": "mse"},
+    "mae": {"number_loss": "mae"},
+    "huber": {"number_loss": "huber"},
+    "number_level": {"number_loss": "number_level"},
+    "number_level_float": {"number_loss": "number_level_float"},
+    "del": {"number_loss": "del"},
+    "dist2": {"number_loss": "dist2"},
+    "smmd": {"number_loss": "smmd"},
+    "was +rw": {"number_loss": ("was", {"reweigh": True})},
     "was z_loss 1e-4": {"z_loss": 1e-4},
     "was label_smoothing 0.1": {"label_smoothing": 0.1},
     "was gce_sigma 1": {"gce_sigma": 1.0},
-    "was_cdf gce_sigma 1": {"ntl_kind": "was_cdf", "gce_sigma": 1.0},
+    # the cross-entropy's Gaussian label and NTL-WAS-CDF's, both of width 1
+    "was_cdf gce_sigma 1": {"number_loss": ("was_cdf", {"sigma": 1.0}), "gce_sigma": 1.0},
     "was AVERAGE_PER_SEQUENCE": {"loss_normalizing_factor": "AVERAGE_PER_SEQUENCE"},
     "was packed, AVERAGE_PER_SEQUENCE": {"loss_normalizing_factor": "AVERAGE_PER_SEQUENCE", "packed": True},
-    "none (CE only)": {"ntl_kind": "none"},
+    "none (CE only)": {"number_loss": None},
 }
+
+
+def with_number_loss(options: dict) -> dict:
+    """`options` with its "number_loss" (a spec name, or `(name, params)`) built
+    (`number_loss`); a value, or None (cross-entropy alone), as it is."""
+    options = dict(options)
+    given = options.get("number_loss")
+    if isinstance(given, str):
+        options["number_loss"] = number_loss(given)
+    elif isinstance(given, tuple):
+        options["number_loss"] = number_loss(given[0], **given[1])
+    return options
 
 
 def objective_variants(vocab: str, settings=None) -> dict[str, tuple[Callable, bool]]:
@@ -563,7 +597,7 @@ def objective_variants(vocab: str, settings=None) -> dict[str, tuple[Callable, b
     nt = number_tokens(vocab)
 
     def objective(options):
-        options = dict(options)
+        options = with_number_loss(options)
         packed = options.pop("packed", False)
         options.setdefault("loss_normalizing_factor", "NUM_REAL_TARGET_TOKENS")
 
@@ -577,7 +611,7 @@ def objective_variants(vocab: str, settings=None) -> dict[str, tuple[Callable, b
     variants = {"optax CE": (optax_ce, False)}
     for name in settings or OBJECTIVE_SETTINGS:
         options = OBJECTIVE_SETTINGS[name]
-        if options.get("ntl_kind") == "number_level_float" and nt.dot_id is None:
+        if options.get("number_loss") == "number_level_float" and nt.dot_id is None:
             continue
         variants[name] = objective(options)
     return variants
@@ -596,13 +630,14 @@ def objective_rows(vocab="t5", dtype="bf16", settings=None, log=None) -> list[di
 
 # -- 3. the fused head -------------------------------------------------------------------------
 
+# name -> the fused head's options (as OBJECTIVE_SETTINGS').
 FUSED_SETTINGS = {
-    "none (CE only)": {"ntl_kind": "none"},
+    "none (CE only)": {"number_loss": None},
     "was": {},
-    "mse": {"ntl_kind": "mse"},
-    "number_level": {"ntl_kind": "number_level"},
-    "smmd": {"ntl_kind": "smmd"},
-    "was +rw": {"reweigh": True},
+    "mse": {"number_loss": "mse"},
+    "number_level": {"number_loss": "number_level"},
+    "smmd": {"number_loss": "smmd"},
+    "was +rw": {"number_loss": ("was", {"reweigh": True})},
 }
 
 
@@ -610,6 +645,7 @@ def fused_loss(vocab: str, options: dict, mesh=None, sequence_parallel=False):
     import ntl_jax
 
     nt = number_tokens(vocab)
+    options = with_number_loss(options)
     parallel = {"vocab_axis": "model", "mesh": mesh, "sequence_parallel": sequence_parallel} if mesh is not None else {}
 
     def loss(hidden, kernel, targets, weights):

@@ -4,6 +4,7 @@ Zausinger et al., "Regress, Don't Guess - A Regression-like Loss on Number Token
 Language Models", ICML 2025 (arXiv:2411.02083).
 """
 
+from ntl_jax import losses  # the number losses, each a value: ntl_jax.losses.was(...)
 from ntl_jax._core.checks import check_targets
 from ntl_jax._core.cross_entropy import weighted_cross_entropy
 from ntl_jax._core.losses import (
@@ -21,12 +22,15 @@ from ntl_jax._core.objective import (
     loss_normalizing_factor_and_weights,
 )
 from ntl_jax._core.tokenizer_pieces import tokenizer_pieces, vocabulary_pieces
+from ntl_jax._core.variants import NumberLoss
 
 __all__ = [
+    "NumberLoss",
     "NumberTokens",
     "check_targets",
     "cross_entropy_and_ntl",
     "fused_cross_entropy_and_ntl",
+    "losses",
     "loss_normalizing_factor_and_weights",
     "ntl_dot",
     "ntl_from_number_logits",
@@ -38,4 +42,4 @@ __all__ = [
     "vocabulary_pieces",
     "weighted_cross_entropy",
 ]
-__version__ = "0.2.0"
+__version__ = "0.3.0"

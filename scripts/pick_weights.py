@@ -1,12 +1,11 @@
 """Picks each loss's weight (and GCE's σ) from a validation sweep (`ntl-jax compare
---eval-split validation` with several `--ntl-weight` / `--del-weight` / `--dist2-weight` / `--smmd-weight` /
-`--gce-sigma` values).
+--eval-split validation` with several `--ntl-weight [LOSS=]LAMBDA` / `--gce-sigma` values).
 
     python scripts/pick_weights.py docs/results/sweep_multiplication.json
 
 For every loss swept, the setting with the best mean of the metric over seeds (highest for
 accuracy, lowest for an error such as log-MAE; ties: the smaller value), printed as the
-flags that set it: `--del-weight 0.01 --gce-sigma 1`.
+flags that set it: `--ntl-weight del=0.01 --gce-sigma 1`.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from ntl_jax.train.paired_stats import higher_is_better  # noqa: E402
 from ntl_jax.train.step import uses_gce  # noqa: E402
-from ntl_jax.train.systems import trains_ntl, weight_flag  # noqa: E402
+from ntl_jax.train.systems import trains_ntl  # noqa: E402
 
 
 def setting(run: dict) -> tuple[tuple[str, float], ...]:
@@ -29,7 +28,7 @@ def setting(run: dict) -> tuple[tuple[str, float], ...]:
     loss = run["loss_function"]
     pairs = []
     if trains_ntl(loss):
-        pairs.append((weight_flag(loss), run["ntl_weight"]))
+        pairs.append(("ntl_weight", run["ntl_weight"]))
     if uses_gce(loss) and run.get("gce_sigma") is not None:
         pairs.append(("gce_sigma", run["gce_sigma"]))
     return tuple(pairs)
@@ -65,8 +64,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with open(args.result, encoding="utf-8") as f:
         picked = pick(json.load(f), args.metric)
-    print(" ".join(f"--{dest.replace('_', '-')} {value:g}"
-                   for pairs in picked.values() for dest, value in pairs))
+    # A weight names its loss (`--ntl-weight LOSS=LAMBDA`): each loss has its own.
+    print(" ".join(f"--{dest.replace('_', '-')} {loss + '=' if dest == 'ntl_weight' else ''}{value:g}"
+                   for loss, pairs in picked.items() for dest, value in pairs))
     return 0
 
 

@@ -1,24 +1,24 @@
 """The public API with the formulation of the number statistics under test bound.
 
 `NTL_JAX_FORMULATION=columns`, `gathered` or `reductions` makes the numerical tests
-that import `ntl_jax` from here pass that `formulation=` to every loss, on every
-backend, so the CPU checks each (`.ci/run` runs them once more with each of the other
-two); unset, each backend takes its own ("auto"). The `formulation` fixture of
-tests/conftest.py runs a test with each in one session.
+that import `ntl_jax` from here call every function inside
+`with forced_formulation(...)` (`ntl_jax._core.number_stats`), on every backend, so the
+CPU checks each (`.ci/run` runs them once more with each of the other two); unset, each
+backend takes its own ("auto"). The `formulation` fixture of tests/conftest.py runs a
+test with each in one session (`bound(formulation)`).
 """
 
 import functools
+import inspect
 import os
 import types
 
 import ntl_jax
-from ntl_jax._core.number_stats import FORMULATIONS
+from ntl_jax._core.number_stats import FORMULATIONS, forced_formulation
 
 FORMULATION = os.environ.get("NTL_JAX_FORMULATION") or "auto"
 if FORMULATION not in ("auto",) + FORMULATIONS:
     raise ValueError(f"expected NTL_JAX_FORMULATION in {FORMULATIONS} or unset, got {FORMULATION!r}")
-
-_WITH_FORMULATION = ("cross_entropy_and_ntl", "ntl_dot", "ntl_was", "number_level_loss", "number_token_loss")
 
 
 class _Bound(types.SimpleNamespace):
@@ -26,13 +26,24 @@ class _Bound(types.SimpleNamespace):
         return getattr(ntl_jax, name)
 
 
+def _under(formulation: str, fn):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        # The formulation is read when the statistics are traced: inside the call.
+        with forced_formulation(formulation):
+            return fn(*args, **kwargs)
+
+    return call
+
+
 def bound(formulation: str):
-    """`ntl_jax`, its losses with `formulation=` bound (a keyword the caller may override)."""
-    losses = {}
-    for name in _WITH_FORMULATION:
-        loss = getattr(ntl_jax, name)
-        losses[name] = functools.update_wrapper(functools.partial(loss, formulation=formulation), loss)
-    return _Bound(**losses)
+    """`ntl_jax`, each of its public functions called inside `with forced_formulation(formulation):`
+    (another formulation for one call: `bound(name).function(...)`)."""
+    if formulation != "auto" and formulation not in FORMULATIONS:
+        raise ValueError(f"expected a formulation in {('auto',) + FORMULATIONS}, got {formulation!r}")
+    functions = {name: _under(formulation, getattr(ntl_jax, name)) for name in ntl_jax.__all__
+                 if inspect.isfunction(getattr(ntl_jax, name))}
+    return _Bound(**functions)
 
 
 ntl_jax_under_test = bound(FORMULATION)

@@ -31,8 +31,10 @@ def long_run() -> bool:
 
 def _label(value):
     if isinstance(value, dict):
-        return "-".join(map(str, value.values()))
-    return getattr(value, "__name__", None) or getattr(value, "name", None) or str(value)
+        return "-".join(map(_label, value.values()))
+    # A number loss by its spec ("was(reweigh=true)"), not its name alone.
+    return (getattr(value, "spec", None) or getattr(value, "__name__", None) or getattr(value, "name", None)
+            or str(value))
 
 
 def covering(sizes):

@@ -24,11 +24,12 @@ LOCAL_DEVICES = 4
 B, L, D, VOCAB = 8, 12, 16, 128
 DIGIT_IDS = [3, 17, 30, 37, 50, 66, 80, 95, 101, 127]  # in every quarter of the vocabulary
 CHUNK = 12
-# (name, options): a spread of variants and loss-normalising factors.
+# (name, options): a spread of number losses (as spec strings: each process parses its
+# own) and loss-normalising factors.
 CASES = {
-    "was": dict(ntl_kind="was", loss_normalizing_factor="NUM_REAL_TARGET_TOKENS"),
-    "mse-gce-reweigh-z": dict(ntl_kind="mse", gce_sigma=0.5, reweigh=True, z_loss=1e-3),
-    "number_level-packed": dict(ntl_kind="number_level", loss_normalizing_factor="AVERAGE_PER_SEQUENCE",
+    "was": dict(number_loss="was", loss_normalizing_factor="NUM_REAL_TARGET_TOKENS"),
+    "mse-gce-reweigh-z": dict(number_loss="mse(reweigh=true)", gce_sigma=0.5, z_loss=1e-3),
+    "number_level-packed": dict(number_loss="number_level", loss_normalizing_factor="AVERAGE_PER_SEQUENCE",
                                 packed=True),
 }
 

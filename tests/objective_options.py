@@ -1,23 +1,42 @@
-"""The option sets the fused-head tests run through: every NTL variant with and without
+"""The option sets the fused-head tests run through: every number loss with and without
 reweigh (NTL's successors DEL and DIST² without: they have no largest value), squash,
 cross-entropy alone, label smoothing with z-loss, the Gaussian-smoothed cross-entropy
-(alone with NTL-WAS-CDF, and with reweigh and z-loss); and every loss-normalising factor."""
+(alone with NTL-WAS-CDF against a label of the same width, and with reweigh and z-loss),
+a loss a user writes (`SQUARED_DISTANCE`); and every loss-normalising factor. Number
+losses come as values and as spec strings, the two forms every entry point takes."""
+
+import jax.numpy as jnp
+
+from ntl_jax import losses
+
+
+def _squared_distance(columns, target, number_tokens):  # a function of each number token
+    return jnp.square(columns.value - target.value[..., None])
+
+
+# A loss a user writes in a few lines, as docs/guides/losses.md shows: E_p[(v - y)^2],
+# the expected squared distance, counted at number targets. It must go everywhere a
+# shipped loss goes.
+SQUARED_DISTANCE = losses.NumberLoss(
+    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
+    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
 
 OPTIONS = {
-    "was": dict(ntl_kind="was"),
-    "was-reweigh": dict(ntl_kind="was", reweigh=True),
-    "was-squash": dict(ntl_kind="was", squash_factor=3.0),
-    "was-squash-reweigh": dict(ntl_kind="was", squash_factor=3.0, reweigh=True),
-    "mse": dict(ntl_kind="mse"),
-    "mae-reweigh": dict(ntl_kind="mae", reweigh=True),
-    "huber": dict(ntl_kind="huber"),
-    "number_level": dict(ntl_kind="number_level"),
-    "number_level_float-reweigh": dict(ntl_kind="number_level_float", reweigh=True),
-    "ce": dict(ntl_kind="none"),
-    "smoothing-z": dict(ntl_kind="was", label_smoothing=0.1, z_loss=1e-3, ntl_weight=1.0),
-    "was_cdf-gce": dict(ntl_kind="was_cdf", gce_sigma=1.0),
-    "mse-gce-reweigh-z": dict(ntl_kind="mse", gce_sigma=0.5, reweigh=True, z_loss=1e-3),
-    "del": dict(ntl_kind="del"),
-    "dist2-smoothing": dict(ntl_kind="dist2", label_smoothing=0.1),
+    "was": dict(number_loss="was"),
+    "was-reweigh": dict(number_loss=losses.was(reweigh=True)),
+    "was-squash": dict(number_loss=losses.was(squash_factor=3.0)),
+    "was-squash-reweigh": dict(number_loss="was(squash_factor=3.0, reweigh=true)"),
+    "mse": dict(number_loss="mse"),
+    "mae-reweigh": dict(number_loss=losses.mae(reweigh=True)),
+    "huber": dict(number_loss=losses.huber()),
+    "number_level": dict(number_loss="number_level"),
+    "number_level_float-reweigh": dict(number_loss=losses.number_level(float_level=True, reweigh=True)),
+    "ce": dict(number_loss=None),
+    "smoothing-z": dict(number_loss="was", label_smoothing=0.1, z_loss=1e-3, ntl_weight=1.0),
+    "was_cdf-gce": dict(number_loss=losses.was_cdf(sigma=1.0), gce_sigma=1.0),
+    "mse-gce-reweigh-z": dict(number_loss=losses.mse(reweigh=True), gce_sigma=0.5, z_loss=1e-3),
+    "del": dict(number_loss="del"),
+    "dist2-smoothing": dict(number_loss="dist2", label_smoothing=0.1),
+    "squared_distance": dict(number_loss=SQUARED_DISTANCE, z_loss=1e-3),
 }
 FACTORS = [None, 37.0, "NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE"]

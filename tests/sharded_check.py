@@ -21,9 +21,9 @@ from tests.grid import long_run  # noqa: E402
 
 PIECES = ["<pad>", "</s>", "."] + list("0123456789") + [f"w{i}" for i in range(19)]  # 32 tokens
 NT = ntl_jax.NumberTokens.from_pieces(PIECES)
-KINDS = list(variants.KINDS)
+KINDS = list(variants.NAMES)
 # NTL's successors (DEL, DIST², SMMD) have no largest value for reweigh to charge: never reweighed.
-REWEIGHABLE = [kind for kind in KINDS if variants.VARIANTS[kind].ceiling is not None]
+REWEIGHABLE = [kind for kind in KINDS if variants.LOSSES[kind]().ceiling is not None]
 # Every variant over batch + vocabulary, reweighed or not in turn (reweigh's number mass is
 # one more sum over the vocabulary, the same for every variant); over the batch alone and
 # the vocabulary alone these two. With pytest --long: every variant
@@ -31,9 +31,14 @@ REWEIGHABLE = [kind for kind in KINDS if variants.VARIANTS[kind].ceiling is not 
 ON_ONE_AXIS = ("was", "number_level")
 
 
+def number_loss(kind, reweigh):
+    """The shipped loss `kind` at its defaults, reweighed or not."""
+    return variants.LOSSES[kind](reweigh=True) if reweigh else variants.LOSSES[kind]()
+
+
 def objective(logits, targets, weights, kind, reweigh):
     return ntl_jax.cross_entropy_and_ntl(
-        logits, targets, NT, weights=weights, ntl_kind=kind, reweigh=reweigh, z_loss=1e-4,
+        logits, targets, NT, weights=weights, number_loss=number_loss(kind, reweigh), z_loss=1e-4,
         loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")[0]
 
 
@@ -56,7 +61,8 @@ def main() -> int:
         for reweigh in dict.fromkeys(r and kind in REWEIGHABLE for r in reweighs):
             f = jax.jit(jax.value_and_grad(objective), static_argnums=(3, 4))
             want_value, want_grad = f(logits, targets, weights, kind, reweigh)
-            per_token = jax.jit(lambda l: ntl_jax.number_token_loss(l, targets, NT, ntl_kind=kind, reweigh=reweigh))
+            per_token = jax.jit(lambda l: ntl_jax.number_token_loss(l, targets, NT,
+                                                                    number_loss=number_loss(kind, reweigh)))
             want_tokens = per_token(logits)
             for name, (mesh, logit_spec, token_spec) in layouts.items():
                 if name != "batch+vocab" and kind not in ON_ONE_AXIS and not every_layout:

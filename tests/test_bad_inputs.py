@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ntl_jax import NumberTokens
+from ntl_jax import NumberTokens, losses
 from ntl_jax._core import head_stats, number_stats
 from ntl_jax._core.targets import number_target
 from ntl_jax.data.reader import read_pairs
@@ -60,15 +60,22 @@ ERRORS = [
     ("label_smoothing wce", lambda: ntl_jax.weighted_cross_entropy(LOGITS, TARGETS, label_smoothing=1.5),
      ValueError, "label_smoothing"),
     ("z_loss negative", lambda: objective(z_loss=-1e-4), ValueError, "z_loss >= 0"),
-    ("squash inf", lambda: objective(squash_factor=math.inf), ValueError, "squash_factor finite"),
+    ("squash inf", lambda: objective(number_loss=losses.was(squash_factor=math.inf)), ValueError,
+     "number loss 'was': expected squash_factor finite and > 1, got inf"),
+    ("squash inf spec", lambda: objective(number_loss="was(squash_factor=inf)"), ValueError,
+     "number loss 'was': expected squash_factor finite and > 1, got inf"),
     ("squash nan", lambda: ntl_jax.ntl_was(LOGITS, TARGETS, NT, squash_factor=math.nan), ValueError,
-     "squash_factor finite"),
-    ("squash 1", lambda: objective(squash_factor=1.0), ValueError, "squash_factor > 1"),
-    ("squash str", lambda: objective(squash_factor="3"), TypeError, "squash_factor to be None or a number"),
-    ("reweigh str", lambda: objective(reweigh="yes"), TypeError, "reweigh to be True or False, got str"),
-    ("reweigh int", lambda: ntl_jax.ntl_was(LOGITS, TARGETS, NT, reweigh=1), TypeError, "reweigh to be True"),
+     "number loss 'was': expected squash_factor finite and > 1, got nan"),
+    ("squash 1", lambda: objective(number_loss=losses.was(squash_factor=1.0)), ValueError,
+     "expected squash_factor finite and > 1, got 1.0"),
+    ("squash str", lambda: objective(number_loss=losses.was(squash_factor="3")), TypeError,
+     "number loss 'was': expected squash_factor to be a Python number, got str '3'"),
+    ("reweigh str", lambda: objective(number_loss=losses.was(reweigh="yes")), TypeError,
+     "number loss 'was': expected reweigh True or False, got str 'yes'"),
+    ("reweigh int", lambda: ntl_jax.ntl_was(LOGITS, TARGETS, NT, reweigh=1), TypeError,
+     "expected reweigh True or False, got int 1"),
     ("reweigh none", lambda: ntl_jax.number_level_loss(LOGITS, TARGETS, NT, reweigh=None), TypeError,
-     "reweigh to be True"),
+     "number loss 'number_level': expected reweigh True or False, got NoneType None"),
     ("pieces str", lambda: NumberTokens.from_pieces("0123456789ab"), TypeError, "a single str"),
     ("wce weights [B, 1]", lambda: ntl_jax.weighted_cross_entropy(LOGITS, TARGETS, weights=jnp.ones((2, 1))),
      ValueError, "expected weights of shape (2, 7)"),
@@ -110,23 +117,34 @@ ERRORS = [
     ("squash duplicated digit", lambda: ntl_jax.ntl_was(
         jnp.zeros((1, 1, 4)), jnp.array([[1]]), NumberTokens.from_pieces(["a", "0", "1", "1"]), squash_factor=3.0),
      ValueError, "[1.0] appear on more than one token"),
-    ("squash two values", lambda: NumberTokens.from_pieces(["a", "0", "1"]).distance_table(2.0), ValueError,
-     "at least 3 distinct values"),
-    ("squash was_cdf", lambda: objective(ntl_kind="was_cdf", squash_factor=3.0), ValueError,
-     "squash_factor applies only to ntl_kind in ('was', 'smmd'), got ntl_kind='was_cdf'"),
-    ("smmd mode", lambda: objective(ntl_kind="smmd", smmd_mode="both"), ValueError,
-     "expected smmd_mode in ('smmd', 'mmd', 'smooth'), got 'both'"),
-    ("smmd sigma zero", lambda: objective(ntl_kind="smmd", smmd_sigma=0.0), ValueError,
-     "expected smmd_sigma > 0.0, got 0.0"),
-    ("smmd alpha negative", lambda: objective(ntl_kind="smmd", smmd_alpha=-1.0), ValueError,
-     "expected smmd_alpha >= 0.0, got -1.0"),
-    ("smmd sigma traced", lambda: objective(ntl_kind="smmd", smmd_sigma=jnp.float32(2.0)), TypeError,
-     "expected smmd_sigma to be a Python number"),
-    ("smmd option on was", lambda: objective(smmd_sigma=1.0), ValueError,
-     "smmd_sigma applies only to ntl_kind='smmd', got ntl_kind='was'"),
+    ("squash two values", lambda: ntl_jax.ntl_was(
+        jnp.zeros((1, 1, 3)), jnp.array([[1]]), NumberTokens.from_pieces(["a", "0", "1"]), squash_factor=2.0),
+     ValueError, "number loss 'was': expected number tokens with at least 3 distinct values for squash_factor"),
+    ("squash two values objective", lambda: objective(
+        logits=jnp.zeros((1, 1, 3)), targets=jnp.array([[1]]), nt=NumberTokens.from_pieces(["a", "0", "1"]),
+        number_loss=losses.was(squash_factor=2.0)), ValueError, "at least 3 distinct values for squash_factor"),
+    ("squash was_cdf", lambda: objective(number_loss="was_cdf(squash_factor=3.0)"), ValueError,
+     "number loss 'was_cdf' has no parameter 'squash_factor' (it takes ('sigma', 'reweigh'))"),
+    ("squash was_cdf constructor", lambda: losses.was_cdf(squash_factor=3.0), TypeError,
+     "was_cdf() got an unexpected keyword argument 'squash_factor'"),
+    ("smmd mode", lambda: objective(number_loss=losses.smmd(mode="both")), ValueError,
+     "number loss 'smmd': expected mode in ('smmd', 'mmd', 'smooth'), got 'both'"),
+    ("smmd mode spec", lambda: objective(number_loss="smmd(mode=both)"), ValueError,
+     "number loss 'smmd': expected mode in ('smmd', 'mmd', 'smooth'), got 'both'"),
+    ("smmd sigma zero", lambda: objective(number_loss=losses.smmd(sigma=0.0)), ValueError,
+     "number loss 'smmd': expected sigma finite and > 0, got 0.0"),
+    ("smmd alpha negative", lambda: objective(number_loss=losses.smmd(alpha=-1.0)), ValueError,
+     "number loss 'smmd': expected alpha finite and >= 0, got -1.0"),
+    ("smmd sigma traced", lambda: objective(number_loss=losses.smmd(sigma=jnp.float32(2.0))), TypeError,
+     "number loss 'smmd': expected sigma to be a Python number, got ArrayImpl"),
+    ("smmd option on was", lambda: objective(number_loss="was(sigma=1.0)"), ValueError,
+     "number loss 'was' has no parameter 'sigma' (it takes ('squash_factor', 'reweigh'))"),
+    ("smmd option keyword", lambda: objective(smmd_sigma=1.0), TypeError,
+     "cross_entropy_and_ntl() no longer takes smmd_sigma= (ntl_jax 0.3.0); pass "
+     "number_loss=ntl_jax.losses.smmd(sigma=...)"),
     ("smmd without its numbers", lambda: ntl_jax.number_token_loss(
         jnp.zeros((1, 1, 4)), jnp.array([[1]]), NumberTokens.from_pieces(["a", "07", "-1", "3.5"], digit_level=False),
-        ntl_kind="smmd"), ValueError, "expected number tokens writing an integer 0..999 alone"),
+        number_loss="smmd"), ValueError, "number loss 'smmd': expected number tokens writing an integer 0..999 alone"),
     ("gce_sigma negative", lambda: objective(gce_sigma=-1.0), ValueError, "expected gce_sigma >= 0.0, got -1.0"),
     ("gce_sigma nan", lambda: objective(gce_sigma=math.nan), ValueError, "gce_sigma finite"),
     ("gce_sigma inf", lambda: objective(gce_sigma=math.inf), ValueError, "gce_sigma finite"),
@@ -188,9 +206,11 @@ def test_nothing_counted_gives_zero_and_finite_gradients(name, kind, factor, cas
     elif case == "empty length":
         logits, targets, weights = jnp.zeros((2, 0, V)), jnp.zeros((2, 0), jnp.int32), None
 
+    number_loss = None if kind == "none" else losses.LOSSES[kind](reweigh=True)
+
     def fn(l):
-        return objective(logits=l, targets=targets, weights=weights, ntl_kind=kind, z_loss=1e-4,
-                         label_smoothing=0.1, reweigh=True, loss_normalizing_factor=factor)[0]
+        return objective(logits=l, targets=targets, weights=weights, number_loss=number_loss, z_loss=1e-4,
+                         label_smoothing=0.1, loss_normalizing_factor=factor)[0]
 
     assert float(fn(logits)) == 0.0
     assert finite_grad(fn, logits)
@@ -203,8 +223,9 @@ def test_nothing_counted_gives_zero_under_gaussian_smoothing(case):
         logits, targets, weights = jnp.zeros((0, 7, V)), jnp.zeros((0, 7), jnp.int32), None
 
     def fn(l):
-        return objective(logits=l, targets=targets, weights=weights, ntl_kind="was_cdf", gce_sigma=1.0,
-                         reweigh=True, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")[0]
+        return objective(logits=l, targets=targets, weights=weights, gce_sigma=1.0,
+                         number_loss=losses.was_cdf(sigma=1.0, reweigh=True),
+                         loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")[0]
 
     assert float(fn(logits)) == 0.0
     assert finite_grad(fn, logits)
@@ -224,17 +245,22 @@ KEEP = jnp.array([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0]], bool)
 CLEAN_TARGETS = jnp.array([[5, 6, 3, 9, 1, 1, 1], [2, 13, 4, 1, 1, 1, 1]])
 
 
-def clean_reference(factor, kind, **kwargs):
+def ntl_sum(parts):
+    """The weighted sum of the number loss: its mean (`parts["ntl"]`) times the weight it counts."""
+    return float(parts["ntl"]) * float(parts["ntl_weight_sum"])
+
+
+def clean_reference(factor, number_loss, **kwargs):
     """The objective on the kept positions only (the rows cut to their kept prefixes)."""
     total = 0.0
     sums = {"ce": 0.0, "ntl": 0.0, "z": 0.0, "w": 0.0}
     per_row = []
     for row, n in ((0, 4), (1, 3)):
-        _, parts = objective(logits=LOGITS[row:row + 1, :n], targets=CLEAN_TARGETS[row:row + 1, :n], ntl_kind=kind,
-                             loss_normalizing_factor=None, **kwargs)
+        _, parts = objective(logits=LOGITS[row:row + 1, :n], targets=CLEAN_TARGETS[row:row + 1, :n],
+                             number_loss=number_loss, loss_normalizing_factor=None, **kwargs)
         per_row.append((n, parts))
         sums["ce"] += float(parts["cross_entropy"])
-        sums["ntl"] += float(parts["ntl"])
+        sums["ntl"] += ntl_sum(parts)
         sums["z"] += float(parts["z_loss"])
         sums["w"] += float(parts["weight_sum"])
     if factor is None:
@@ -246,7 +272,7 @@ def clean_reference(factor, kind, **kwargs):
     elif factor == "AVERAGE_PER_SEQUENCE":
         # Each row's weights divided by its own count; then the factor is 2 rows.
         total_ce = sum((float(p["cross_entropy"]) + float(p["z_loss"])) / n for n, p in per_row)
-        total_ntl = sum(float(p["ntl"]) / n for n, p in per_row)
+        total_ntl = sum(ntl_sum(p) / n for n, p in per_row)
         return (total_ce + 0.3 * total_ntl) / 2.0
     else:
         divisor = factor
@@ -286,7 +312,7 @@ def test_ignored_positions_contribute_exactly_zero(garbage, kind, factor):
         targets = targets.at[1, 5:].set(V + 7)  # counted by weight, ignored by id
 
     def fn(l):
-        return objective(logits=l, targets=targets, weights=weights, ntl_kind=kind, z_loss=1e-4,
+        return objective(logits=l, targets=targets, weights=weights, number_loss=kind, z_loss=1e-4,
                          label_smoothing=0.0, loss_normalizing_factor=factor)[0]
 
     want = clean_reference(factor, kind, z_loss=1e-4)
@@ -308,14 +334,14 @@ def test_ignored_positions_contribute_exactly_zero_with_smoothing_and_reweigh(ga
     if garbage[0] == "ids outside vocab":
         weights = jnp.asarray(KEEP.at[1, 3:].set(True), jnp.float32)
         targets = targets.at[1, 5:].set(V + 7)
-    options = dict(z_loss=1e-4, label_smoothing=0.1, reweigh=True)
+    options = dict(z_loss=1e-4, label_smoothing=0.1, number_loss=losses.was(reweigh=True))
 
     def fn(l):
-        return objective(logits=l, targets=targets, weights=weights, ntl_kind="was", **options)[0]
+        return objective(logits=l, targets=targets, weights=weights, **options)[0]
 
     clean = LOGITS.astype(dtype)
     want = sum(float(objective(logits=clean[row:row + 1, :n], targets=CLEAN_TARGETS[row:row + 1, :n],
-                               ntl_kind="was", **options)[0]) for row, n in ((0, 4), (1, 3)))
+                               **options)[0]) for row, n in ((0, 4), (1, 3)))
     np.testing.assert_allclose(float(fn(logits)), want, rtol=2e-5)
     assert_gradient_ignores_garbage(fn, logits, clean)
 
@@ -341,10 +367,10 @@ def test_ignored_positions_contribute_exactly_zero_under_gaussian_smoothing(garb
         targets = targets.at[1, 5:].set(V + 7)
 
     def fn(l):
-        return objective(logits=l, targets=targets, weights=weights, ntl_kind="was_cdf", z_loss=1e-4,
-                         gce_sigma=1.0, loss_normalizing_factor=factor)[0]
+        return objective(logits=l, targets=targets, weights=weights, number_loss=losses.was_cdf(sigma=1.0),
+                         z_loss=1e-4, gce_sigma=1.0, loss_normalizing_factor=factor)[0]
 
-    want = clean_reference(factor, "was_cdf", z_loss=1e-4, gce_sigma=1.0)
+    want = clean_reference(factor, losses.was_cdf(sigma=1.0), z_loss=1e-4, gce_sigma=1.0)
     np.testing.assert_allclose(float(fn(logits)), want, rtol=2e-5)
     assert_gradient_ignores_garbage(fn, logits, LOGITS)
 
@@ -355,7 +381,7 @@ def test_ids_outside_vocab_are_ignored_by_every_count():
     _, ref = objective(targets=targets, weights=WEIGHTS.at[0, 0].set(0).at[1, 1].set(0), z_loss=1e-2,
                        loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     assert float(parts["weight_sum"]) == 8.0 and float(parts["loss_normalizing_factor"]) == 8.0
-    for key in ("loss", "cross_entropy", "z_loss", "ntl", "ntl_weight_sum"):
+    for key in ("loss", "cross_entropy", "z_loss", "ntl", "ntl_term", "ntl_weight_sum"):
         np.testing.assert_allclose(float(parts[key]), float(ref[key]), rtol=1e-6, err_msg=key)
     ce, z, n = ntl_jax.weighted_cross_entropy(LOGITS, targets, z_loss=1e-2)
     ce_ref, z_ref, n_ref = ntl_jax.weighted_cross_entropy(
@@ -439,7 +465,7 @@ def test_losses_ignore_nan_logits_at_zero_weight(kind, reduction):
     clean = LOGITS.at[1, 2].set(0.0).at[0, 5].set(0.0)
 
     def fn(l):
-        return ntl_jax.number_token_loss(l, TARGETS, NT, ntl_kind=kind, weights=weights, reduction=reduction)
+        return ntl_jax.number_token_loss(l, TARGETS, NT, number_loss=kind, weights=weights, reduction=reduction)
 
     got, want = fn(logits), fn(clean)
     assert np.isfinite(np.asarray(got)).all()
@@ -487,7 +513,7 @@ def test_zero_weight_digits_match_ntloss_ignore_index(float_level, reweigh, redu
                 loss_weights=torch.from_numpy(weights), reduction=reduction).numpy()
     got = ntl_jax.number_level_loss(jnp.asarray(inputs["logits"]), jnp.asarray(inputs["targets"], jnp.int32), nt,
                                     weights=jnp.asarray(weights), reweigh=reweigh, reduction=reduction,
-                                    ntl_kind="number_level_float" if float_level else "number_level")
+                                    float_level=float_level)
     np.testing.assert_allclose(got, want, rtol=3e-5, atol=1e-5)
 
 
@@ -560,7 +586,8 @@ def test_reweigh_is_accurate_at_large_logits(scale, number_bias, targets_at):
         targets = jax.random.randint(jax.random.PRNGKey(8), (4, 16), 4, V)
     # The mass, relative to itself; the rest, a few ulps of 1 (`number_mass`'s contract).
     everywhere = number_target(jnp.zeros(logits.shape[:-1], jnp.int32), None, V, NT)  # every position kept
-    numbers = number_stats.number_stats(logits, everywhere, NT, number_stats.NumberReads(), formulation=FORMULATION)
+    with number_stats.forced_formulation(FORMULATION):
+        numbers = number_stats.number_stats(logits, everywhere, NT, number_stats.NumberReads())
     _, (mass, rest) = head_stats._number_mass(logits, numbers, everywhere.keep, logits)
     e = np.exp(np.asarray(logits, np.float64) - np.asarray(logits, np.float64).max(-1, keepdims=True))
     want_mass = e[..., 4:].sum(-1) / e.sum(-1)

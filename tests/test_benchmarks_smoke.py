@@ -251,6 +251,41 @@ def test_every_formulation_beside_the_hbm_floor(tmp_path):
         assert row["hbm_floor_ratio"] > 0 and row["hbm_floor_ms"] > 0 and row["rounds"] == 2
 
 
+def test_each_variant_is_traced_in_its_own_formulation():
+    """A variant built for a formulation traces in it whatever block surrounds the trace
+    (the override is read at trace time): one program per formulation, none of them the
+    backend's choice (`platform_dependent`), which the default variant keeps."""
+    import jax
+    import jax.numpy as jnp
+
+    from ntl_jax._core.number_stats import FORMULATIONS, forced_formulation
+
+    bench = _load("loss_overhead")
+    _, number_tokens = bench.vocabulary("t5", 64)
+    logits_np, targets_np = bench.make_inputs((2, 8, 64))
+    logits, targets = jnp.asarray(logits_np), jnp.asarray(targets_np, jnp.int32)
+    weights = jnp.asarray(bench.make_weights((2, 8, 64)))
+
+    def traced(variants, name, args, outer):
+        with forced_formulation(outer):
+            return str(jax.make_jaxpr(jax.value_and_grad(variants[name]))(*args))
+
+    for usage, args in (("objective", (logits, targets)), ("standalone", (logits, targets, weights))):
+        def made(formulation, usage=usage):
+            if usage == "objective":
+                return bench.jax_variants(number_tokens, ("was",), formulation)
+            return bench.standalone_variants(number_tokens, ("was",), formulation=formulation)
+
+        programs = {}
+        for formulation in FORMULATIONS:
+            programs[formulation] = {traced(made(formulation), "was+rw", args, outer)
+                                     for outer in ("auto",) + FORMULATIONS}
+            assert len(programs[formulation]) == 1, (usage, formulation)  # the surrounding block changes nothing
+        assert len({program for (program,) in programs.values()}) == len(FORMULATIONS), usage
+        assert not any("platform_index" in program for (program,) in programs.values()), usage
+        assert "platform_index" in traced(made("auto"), "was+rw", args, "columns"), usage
+
+
 def test_bad_formulations_or_calls_are_rejected():
     for extra, message in ((["--formulations", "columns,colums"], "expected --formulations backend, all or names"),
                            (["--calls", "0"], "expected --calls >= 1, got 0")):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
+from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl, losses
 from ntl_jax._core.fused import default_chunk_size
 from tests import xla_flags
 from tests.objective_options import FACTORS, OPTIONS
@@ -93,13 +93,14 @@ def test_every_loss_normalizing_factor_packed_or_not(factor, packed):
 def test_any_chunk_size_gives_the_same_result(chunk_size):
     # Multi-digit numbers everywhere: the number-level loss joins digits across positions.
     hidden, kernel, targets, weights = _inputs(seed=2)
-    _assert_same(*_both(hidden, kernel, targets, chunk_size=chunk_size, weights=weights, ntl_kind="number_level",
-                        reweigh=True, label_smoothing=0.05))
+    _assert_same(*_both(hidden, kernel, targets, chunk_size=chunk_size, weights=weights,
+                        number_loss=losses.number_level(reweigh=True), label_smoothing=0.05))
 
 
 def test_number_tokens_beyond_single_digits():
     hidden, kernel, targets, weights = _inputs(seed=3)
-    _assert_same(*_both(hidden, kernel, targets, number_tokens=NT_WIDE, weights=weights, reweigh=True))
+    _assert_same(*_both(hidden, kernel, targets, number_tokens=NT_WIDE, weights=weights,
+                        number_loss=losses.was(reweigh=True)))
 
 
 def test_without_weights_and_under_jit():
@@ -162,6 +163,10 @@ def test_tied_embedding_and_logit_scaling_as_documented():
         (dict(chunk_size=0), "chunk_size None or a positive int"),
         (dict(chunk_size=2.5), "chunk_size None or a positive int"),
         (dict(ntl_weight=-1.0), "ntl_weight"),
+        (dict(number_loss="wass"), "number loss in.*got 'wass'"),
+        (dict(number_loss=len), "expected number_loss a NumberLoss or a spec string, got the function"),
+        (dict(ntl_kind="mse"), r"no longer takes ntl_kind=.*number_loss="),
+        (dict(reweigh=True), r"no longer takes reweigh=.*ntl_jax\.losses\.was\(reweigh=True\)"),
         (dict(weights=jnp.full((B, L), -1.0)), "non-negative weights"),
         (dict(hidden=[[[1.0] * D] * L] * B), "Python list"),
     ],
@@ -224,7 +229,7 @@ SHARDED = textwrap.dedent(
     kernel = jnp.asarray(rng.normal(size=(16, 128)), jnp.float32)
     targets = jnp.asarray(rng.choice(np.r_[2:12, 20, 30], size=(8, 6)), jnp.int32)
     def loss(h, k):
-        return fused_cross_entropy_and_ntl(h, k, targets, nt, ntl_kind="number_level", reweigh=True,
+        return fused_cross_entropy_and_ntl(h, k, targets, nt, number_loss="number_level(reweigh=true)",
                                            loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", chunk_size=48)[0]
     f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     reference = f(hidden, kernel)
@@ -247,19 +252,20 @@ def test_sharded_on_batch_and_vocabulary_equals_unsharded():
 
 
 def test_the_top_token_is_the_argmax_of_the_logits():
-    from ntl_jax._core import objective
+    from ntl_jax._core import pipeline
     from ntl_jax._core.fused import head_stats_from_hidden
     from ntl_jax._core.options import Options
     from ntl_jax._core.targets import number_target
 
     hidden, kernel, targets, weights = _inputs(seed=8)
     keep = weights > 0
-    options = Options(ntl_kind="none")
+    options = Options(number_loss="none")
+    assert options.number_loss is None
     for chunk_size in (7, 69):
         target = number_target(targets, weights, kernel.shape[1], NT, gce_sigma=options.gce_sigma)
-        _, top = head_stats_from_hidden(hidden, kernel, target, NT, objective.number_reads(options, with_value=True),
-                                        label_smoothing=options.label_smoothing, reweigh=options.reweigh,
-                                        chunk_size=chunk_size, with_top=True)
+        reads = pipeline.reads(options.number_loss, with_value=True)
+        _, top = head_stats_from_hidden(hidden, kernel, target, NT, reads, label_smoothing=options.label_smoothing,
+                                        with_masses=False, chunk_size=chunk_size, with_top=True)
         np.testing.assert_array_equal(target.ids, jnp.where(keep, targets, -1))
         logits = jnp.einsum("bld,dv->blv", jnp.where(keep[..., None], hidden, 0.0), kernel)
         np.testing.assert_array_equal(top, jnp.argmax(logits, axis=-1))

@@ -1,7 +1,8 @@
-"""Gaussian-smoothed cross-entropy (`gce_sigma`) and NTL-WAS-CDF (`ntl_kind="was_cdf"`)
-against numpy references written from their definitions in float64, on random logits,
-targets, weights and ignored positions; gradients; the identity with NTL-WAS on digits;
-the fused head. ntloss has neither, so there is no parity test with it."""
+"""Gaussian-smoothed cross-entropy (`gce_sigma`) and NTL-WAS-CDF (`ntl_jax.losses.was_cdf`,
+its Gaussian label of its own width `sigma`) against numpy references written from their
+definitions in float64, on random logits, targets, weights and ignored positions;
+gradients; the identity with NTL-WAS on digits; the fused head. ntloss has neither, so
+there is no parity test with it."""
 
 import functools
 
@@ -11,9 +12,9 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl
-from ntl_jax._core import variants
+from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl, losses
 from ntl_jax._core.targets import gaussian_label, number_target
+from tests.formulation import bound
 from tests.formulation import ntl_jax_under_test as ntl_jax
 
 cross_entropy_and_ntl = ntl_jax.cross_entropy_and_ntl
@@ -21,13 +22,16 @@ cross_entropy_and_ntl = ntl_jax.cross_entropy_and_ntl
 
 def target_distribution(targets, number_tokens, gce_sigma):
     """`(smoothed, q)`: GCE's label over the number tokens `[batch, length, N]` (the
-    one-hot where it does not smooth), as the objective builds it."""
+    one-hot where it does not smooth), as the objective and NTL-WAS-CDF build it."""
     target = number_target(targets, None, number_tokens.vocab_size, number_tokens)
     one_hot = (targets[..., None] == jnp.asarray(number_tokens.ids)).astype(jnp.float32)
     if gce_sigma == 0:
         return jnp.zeros(targets.shape, bool), one_hot
-    target = target._replace(label=gaussian_label(target, number_tokens, gce_sigma))
-    return target.label.smoothed, variants._gce_label(target, number_tokens)
+    label = gaussian_label(target, number_tokens, gce_sigma)
+    q = label.at(jnp.asarray(number_tokens.number_values, jnp.float32),
+                 number_tokens.at_numbers(number_tokens.digit_counts, jnp.int32))
+    return label.smoothed, jnp.where(label.smoothed[..., None], q, one_hot)
+
 
 # Digits at scattered ids (their value order is not their id order).
 DIGITS = NumberTokens.from_pieces(["<pad>", "</s>", "7", "x", "3", "0", ".", "9", "1", "y", "5", "2", "8", "4", "6"])
@@ -76,21 +80,27 @@ def _logsumexp(x):
     return top + np.log(np.exp(x - top).sum())
 
 
-def reference(logits, targets, weights, nt, *, sigma, kind, ntl_weight=0.3, reweigh=False, factor=None):
-    """`(loss, cross_entropy, ntl, d loss / d logits)` in float64, position by position.
+def reference(logits, targets, weights, nt, *, sigma, kind, ntl_weight=0.3, reweigh=False, factor=None,
+              cdf_sigma=None):
+    """`(loss, cross_entropy, ntl, d loss / d logits, ntl_mean)` in float64, position by
+    position: `ntl` the number loss's weighted sum over the factor, `ntl_mean` its
+    weighted mean over the positions it counts.
 
-    GCE: `-sum_j label_j log softmax(logits)_j`, the entropy not subtracted.
+    GCE: `-sum_j label_j log softmax(logits)_j`, the entropy not subtracted, the label
+    of width `sigma`.
     WAS-CDF: `sum_k |CDF_p(k) - CDF_q(k)|` over the number tokens sorted by value (ties
-    by id), `p` the softmax over the number tokens, `q` the label on them.
+    by id), `p` the softmax over the number tokens, `q` the label on them, of width
+    `cdf_sigma` (None: `sigma`, the authors' pairing).
     WAS: `sum_j p_j |y - v_j|`, the label's value only.
     """
+    cdf_sigma = sigma if cdf_sigma is None else cdf_sigma
     logits = np.asarray(logits, np.float64)
     targets, weights = np.asarray(targets), np.asarray(weights, np.float64)
     vocab = logits.shape[-1]
     ids = np.asarray(nt.ids)
     v = np.asarray(nt.values, np.float64)[ids]
     order = np.argsort(v, kind="stable")
-    ce = ntl = 0.0
+    ce = ntl = counted_weight = 0.0
     grad = np.zeros_like(logits)
     for b in range(logits.shape[0]):
         for t in range(logits.shape[1]):
@@ -106,7 +116,8 @@ def reference(logits, targets, weights, nt, *, sigma, kind, ntl_weight=0.3, rewe
                 continue
             p = np.exp(row[ids] - _logsumexp(row[ids]))
             if kind == "was_cdf":
-                loss = np.abs(np.cumsum((p - label[ids])[order])[:-1]).sum()
+                q = _label(nt, y, cdf_sigma, vocab)[ids]
+                loss = np.abs(np.cumsum((p - q)[order])[:-1]).sum()
                 ceiling = len(ids) - 1
             else:
                 loss = p @ np.abs(float(nt.values[y]) - v)
@@ -115,8 +126,19 @@ def reference(logits, targets, weights, nt, *, sigma, kind, ntl_weight=0.3, rewe
                 mass = np.exp(_logsumexp(row[ids]) - lse)
                 loss = loss * mass + 1.01 * ceiling * (1 - mass)
             ntl += w * loss
+            counted_weight += w
     divisor = 1.0 if factor is None else factor
-    return (ce + ntl_weight * ntl) / divisor, ce / divisor, ntl / divisor, grad / divisor
+    return ((ce + ntl_weight * ntl) / divisor, ce / divisor, ntl / divisor, grad / divisor,
+            ntl / max(counted_weight, 1e-30))
+
+
+def number_loss(kind, sigma=0.0, reweigh=False):
+    """The loss the reference's `kind` computes: WAS-CDF against the label of width `sigma`."""
+    if kind == "none":
+        return None
+    if kind == "was_cdf":
+        return losses.was_cdf(sigma=sigma, reweigh=reweigh)
+    return losses.LOSSES[kind](reweigh=reweigh)
 
 
 # float32 sums of <= 33 positions of O(1) terms, each a float32 logsumexp or cumulative
@@ -129,12 +151,34 @@ RTOL = 2e-6
 @pytest.mark.parametrize("kind,reweigh", [("was_cdf", False), ("was_cdf", True), ("was", False), ("none", False)])
 def test_objective_matches_the_numpy_reference(nt, sigma, kind, reweigh):
     logits, targets, weights = _inputs(nt, seed=int(sigma * 10) + len(kind))
-    loss, parts = cross_entropy_and_ntl(logits, targets, nt, weights=weights, gce_sigma=sigma, ntl_kind=kind,
-                                        reweigh=reweigh, loss_normalizing_factor=7.0)
+    loss, parts = cross_entropy_and_ntl(logits, targets, nt, weights=weights, gce_sigma=sigma,
+                                        number_loss=number_loss(kind, sigma, reweigh), loss_normalizing_factor=7.0)
     want = reference(logits, targets, weights, nt, sigma=sigma, kind=kind, reweigh=reweigh, factor=7.0)
     np.testing.assert_allclose(float(parts["cross_entropy"]), want[1], rtol=RTOL)
-    np.testing.assert_allclose(float(parts["ntl"]), want[2], rtol=RTOL, atol=1e-7)
+    np.testing.assert_allclose(float(parts["ntl_term"]), 0.3 * want[2], rtol=RTOL, atol=1e-7)
+    np.testing.assert_allclose(float(parts["ntl"]), want[4], rtol=RTOL, atol=1e-7)
     np.testing.assert_allclose(float(loss), want[0], rtol=RTOL)
+
+
+@pytest.mark.parametrize("nt", [DIGITS, WIDE], ids=["digits", "wide"])
+@pytest.mark.parametrize("gce_sigma,cdf_sigma", [(0.0, 1.0), (1.0, 0.0), (1.0, 0.5), (0.5, 3.0)])
+def test_was_cdf_label_has_its_own_width(nt, gce_sigma, cdf_sigma):
+    """`gce_sigma` smooths the cross-entropy's label only; `was_cdf(sigma=...)` its own."""
+    logits, targets, weights = _inputs(nt, seed=int(10 * gce_sigma + 100 * cdf_sigma))
+    loss, parts = cross_entropy_and_ntl(logits, targets, nt, weights=weights, gce_sigma=gce_sigma,
+                                        number_loss=losses.was_cdf(sigma=cdf_sigma))
+    want = reference(logits, targets, weights, nt, sigma=gce_sigma, cdf_sigma=cdf_sigma, kind="was_cdf")
+    np.testing.assert_allclose(float(parts["cross_entropy"]), want[1], rtol=RTOL)
+    np.testing.assert_allclose(float(parts["ntl"]), want[4], rtol=RTOL)
+    np.testing.assert_allclose(float(loss), want[0], rtol=RTOL)
+    # Either width alone changes its own term and nothing else.
+    _, same_ce = cross_entropy_and_ntl(logits, targets, nt, weights=weights, gce_sigma=gce_sigma,
+                                       number_loss=losses.was_cdf(sigma=gce_sigma))
+    _, same_ntl = cross_entropy_and_ntl(logits, targets, nt, weights=weights, gce_sigma=cdf_sigma,
+                                        number_loss=losses.was_cdf(sigma=cdf_sigma))
+    np.testing.assert_allclose(float(same_ce["cross_entropy"]), float(parts["cross_entropy"]), rtol=1e-6)
+    np.testing.assert_allclose(float(same_ntl["ntl"]), float(parts["ntl"]), rtol=1e-6)
+    assert abs(float(same_ce["ntl"]) - float(parts["ntl"])) > 1e-3 * float(parts["ntl"])
 
 
 @pytest.mark.parametrize("nt", [DIGITS, WIDE], ids=["digits", "wide"])
@@ -151,7 +195,7 @@ def test_gradients_match_finite_differences(kind, reweigh):
     logits, targets, weights = _inputs(WIDE, seed=12, scale=1.0)
     logits = jnp.where(weights[..., None] > 0, logits, 0.0)  # finite differences through NaN are NaN
     f = functools.partial(cross_entropy_and_ntl, targets=targets, number_tokens=WIDE, weights=weights,
-                          gce_sigma=1.0, ntl_kind=kind, ntl_weight=1.0, reweigh=reweigh,
+                          gce_sigma=1.0, number_loss=number_loss(kind, 1.0, reweigh), ntl_weight=1.0,
                           loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     check_grads(lambda x: f(x)[0], (logits,), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
 
@@ -202,39 +246,50 @@ def test_sigma_zero_is_cross_entropy_bitwise():
 @pytest.mark.parametrize("reweigh", [False, True])
 def test_was_cdf_is_ntl_was_on_digits_with_a_one_hot_label(reweigh):
     logits, targets, weights = _inputs(DIGITS, seed=14)
-    cdf = ntl_jax.number_token_loss(logits, targets, DIGITS, ntl_kind="was_cdf", weights=weights, reweigh=reweigh)
-    was = ntl_jax.number_token_loss(logits, targets, DIGITS, ntl_kind="was", weights=weights, reweigh=reweigh)
+    cdf = ntl_jax.number_token_loss(logits, targets, DIGITS, number_loss=losses.was_cdf(reweigh=reweigh),
+                                    weights=weights)
+    was = ntl_jax.number_token_loss(logits, targets, DIGITS, number_loss=losses.was(reweigh=reweigh), weights=weights)
     assert np.count_nonzero(np.asarray(was)) >= 15
     # Sums of <= 10 float32 terms in different orders.
     np.testing.assert_allclose(np.asarray(cdf), np.asarray(was), rtol=2e-6, atol=1e-7)
-    _, parts = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights, ntl_kind="was_cdf", reweigh=reweigh)
-    _, parts_was = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights, ntl_kind="was", reweigh=reweigh)
-    np.testing.assert_allclose(float(parts["ntl"]), float(parts_was["ntl"]), rtol=2e-6)
+    _, parts = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights,
+                                     number_loss=losses.was_cdf(reweigh=reweigh))
+    _, parts_was = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights,
+                                         number_loss=losses.was(reweigh=reweigh))
+    for part in ("ntl", "ntl_term"):
+        np.testing.assert_allclose(float(parts[part]), float(parts_was[part]), rtol=2e-6)
 
 
 def test_was_cdf_differs_from_was_under_the_gaussian_label():
     logits, targets, weights = _inputs(DIGITS, seed=15)
-    _, cdf = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights, ntl_kind="was_cdf", gce_sigma=1.0)
-    _, was = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights, ntl_kind="was", gce_sigma=1.0)
-    want = reference(logits, targets, weights, DIGITS, sigma=1.0, kind="was_cdf")[2]
-    np.testing.assert_allclose(float(cdf["ntl"]), want, rtol=RTOL)
+    _, cdf = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights, number_loss=losses.was_cdf(sigma=1.0),
+                                   gce_sigma=1.0)
+    _, was = cross_entropy_and_ntl(logits, targets, DIGITS, weights=weights, number_loss="was", gce_sigma=1.0)
+    want = reference(logits, targets, weights, DIGITS, sigma=1.0, kind="was_cdf")
+    np.testing.assert_allclose(float(cdf["ntl"]), want[4], rtol=RTOL)
+    np.testing.assert_allclose(float(cdf["ntl_term"]), 0.3 * want[2], rtol=RTOL)
     assert abs(float(cdf["ntl"]) - float(was["ntl"])) > 0.05 * float(was["ntl"])
     # Ranks, not values: on the multi-digit table WAS-CDF is no longer NTL-WAS.
     logits, targets, weights = _inputs(WIDE, seed=16)
-    cdf = ntl_jax.number_token_loss(logits, targets, WIDE, ntl_kind="was_cdf", weights=weights, reduction="sum")
-    was = ntl_jax.number_token_loss(logits, targets, WIDE, ntl_kind="was", weights=weights, reduction="sum")
+    cdf = ntl_jax.number_token_loss(logits, targets, WIDE, number_loss="was_cdf", weights=weights, reduction="sum")
+    was = ntl_jax.number_token_loss(logits, targets, WIDE, number_loss="was", weights=weights, reduction="sum")
     assert abs(float(cdf) - float(was)) > 0.05 * float(was)
 
 
 FUSED_OPTIONS = [
-    dict(ntl_kind="was_cdf", gce_sigma=1.0),
-    dict(ntl_kind="was_cdf", gce_sigma=0.7, reweigh=True, z_loss=1e-3),
-    dict(ntl_kind="none", gce_sigma=2.0, loss_normalizing_factor="AVERAGE_PER_SEQUENCE"),
-    dict(ntl_kind="number_level", gce_sigma=1.0, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS"),
+    dict(number_loss=losses.was_cdf(sigma=1.0), gce_sigma=1.0),
+    dict(number_loss=losses.was_cdf(sigma=0.7, reweigh=True), gce_sigma=0.7, z_loss=1e-3),
+    dict(number_loss=None, gce_sigma=2.0, loss_normalizing_factor="AVERAGE_PER_SEQUENCE"),
+    dict(number_loss="number_level", gce_sigma=1.0, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS"),
+    dict(number_loss=losses.was_cdf(sigma=2.0), gce_sigma=0.5),
 ]
 
 
-@pytest.mark.parametrize("options", FUSED_OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def _options_id(options):
+    return "-".join(f"{k}={getattr(v, 'spec', v)}" for k, v in options.items())
+
+
+@pytest.mark.parametrize("options", FUSED_OPTIONS, ids=_options_id)
 def test_fused_equals_unfused_on_multi_digit_pieces(options):
     _, targets, weights = _inputs(WIDE, seed=17)
     rng = np.random.default_rng(17)
@@ -261,9 +316,9 @@ def test_fused_equals_unfused_on_multi_digit_pieces(options):
 # These option sets are not in tests/objective_options.py, whose count
 # tests/test_vocab_parallel.py fixes.
 HARNESS_OPTIONS = {
-    "was_cdf-reweigh": dict(ntl_kind="was_cdf", reweigh=True),
-    "was_cdf-gce": dict(ntl_kind="was_cdf", gce_sigma=1.0, ntl_weight=1.0),
-    "gce-z": dict(ntl_kind="none", gce_sigma=0.5, z_loss=1e-3),
+    "was_cdf-reweigh": dict(number_loss=losses.was_cdf(reweigh=True)),
+    "was_cdf-gce": dict(number_loss=losses.was_cdf(sigma=1.0), gce_sigma=1.0, ntl_weight=1.0),
+    "gce-z": dict(number_loss=None, gce_sigma=0.5, z_loss=1e-3),
 }
 
 
@@ -296,15 +351,17 @@ def test_no_array_of_the_logits_shape_is_added():
     logits, targets, weights = _inputs(WIDE, seed=18)
     logits = jnp.nan_to_num(logits)
 
+    columns = bound("columns").cross_entropy_and_ntl
+
     def count(**options):
-        f = jax.value_and_grad(lambda x: cross_entropy_and_ntl(x, targets, WIDE, weights=weights, formulation="columns",
-                                                               **options)[0])
+        f = jax.value_and_grad(lambda x: columns(x, targets, WIDE, weights=weights, **options)[0])
         return _count_shaped(jax.make_jaxpr(f)(logits).jaxpr, logits.shape)
 
-    base = count(ntl_kind="was")
+    base = count(number_loss="was")
     assert base > 0
-    assert count(ntl_kind="was", gce_sigma=1.0) == base
-    assert count(ntl_kind="was_cdf", gce_sigma=1.0) == base
+    assert count(number_loss="was", gce_sigma=1.0) == base
+    assert count(number_loss=losses.was_cdf(sigma=1.0), gce_sigma=1.0) == base
+    assert count(number_loss=losses.was_cdf(sigma=1.0)) == base
 
 
 def test_jit_and_no_recompile_across_batches():
@@ -312,7 +369,7 @@ def test_jit_and_no_recompile_across_batches():
 
     def loss(x, t, w):
         traces.append(None)
-        return cross_entropy_and_ntl(x, t, WIDE, weights=w, gce_sigma=1.0, ntl_kind="was_cdf")[0]
+        return cross_entropy_and_ntl(x, t, WIDE, weights=w, gce_sigma=1.0, number_loss=losses.was_cdf(sigma=1.0))[0]
 
     f = jax.jit(loss)
     for seed in (19, 20):
@@ -328,8 +385,8 @@ def test_finite_at_extreme_logits(scale):
     logits = jnp.where(weights[..., None] > 0, jnp.sign(logits) * scale, logits)  # NaN stays at the ignored one
 
     def f(x):
-        return cross_entropy_and_ntl(x, targets, WIDE, weights=weights, gce_sigma=0.5, ntl_kind="was_cdf",
-                                     reweigh=True, z_loss=1e-4)[0]
+        return cross_entropy_and_ntl(x, targets, WIDE, weights=weights, gce_sigma=0.5,
+                                     number_loss=losses.was_cdf(sigma=0.5, reweigh=True), z_loss=1e-4)[0]
 
     value, grad = jax.value_and_grad(f)(logits)
     assert np.isfinite(float(value))
@@ -341,6 +398,6 @@ def test_number_tokens_as_a_traced_argument():
     # A jitted function may take the table as an argument: the sort then happens on the device.
     logits, targets, weights = _inputs(WIDE, seed=23)
     f = jax.jit(lambda x, nt: cross_entropy_and_ntl(x, targets, nt, weights=weights, gce_sigma=1.0,
-                                                    ntl_kind="was_cdf")[1]["ntl"])
-    want = reference(logits, targets, weights, WIDE, sigma=1.0, kind="was_cdf")[2]
+                                                    number_loss=losses.was_cdf(sigma=1.0))[1]["ntl"])
+    want = reference(logits, targets, weights, WIDE, sigma=1.0, kind="was_cdf")[4]
     np.testing.assert_allclose(float(f(logits, WIDE)), want, rtol=RTOL)

@@ -1,5 +1,9 @@
-"""The T5X gin files in `t5x_configs/`, checked as text (no T5X needed).
+"""The T5X gin files in `t5x_configs/`, checked as text and parsed by gin's own parser
+(no T5X needed).
 
+- every gin file parses; the number loss is one value, a constructor of
+  `ntl_jax.losses` (`NTL_LOSS = @losses.was()`) whose own parameters are bound on it
+  (`losses.smmd.mode = 'mmd'`), never on the model;
 - every gin file the README and the documentation name exists, and the T5X guide's table
   describes every file;
 - the T5X guide maps each of the earlier one-file-per-loss experiments to a command;
@@ -11,13 +15,18 @@
 """
 
 import importlib.util
+import inspect
 import itertools
 import pathlib
 import re
 
 import pytest
 
+from ntl_jax import losses
+from ntl_jax._core import migration
 from tests import docs_pages
+
+config_parser = pytest.importorskip("gin.config_parser", reason="gin-config is not installed")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "t5x_configs"
@@ -25,12 +34,49 @@ T5X_GUIDE = docs_pages.page("guides/t5x.md")
 GIN_FILES = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.gin"))
 EXPERIMENTS = [f for f in GIN_FILES if f.startswith("experiments/")]
 LOSS_FILES = [f for f in GIN_FILES if f.startswith("losses/")]
-# The loss of each earlier experiment file, by its suffix: (NTL_KIND, NTL_WEIGHT).
+# The loss of each earlier experiment file, by its suffix: (the NTL_LOSS's spec, NTL_WEIGHT).
 EARLIER_LOSSES = {"ce": ("was", 0.0), "ntl_mse": ("mse", 0.3), "ntl_was": ("was", 0.3)}
 # NTL's successors at their authors' weights (docs/guides/losses.md).
 SUCCESSOR_LOSSES = {"del": ("del", 0.003), "dist2": ("dist2", 0.1), "smmd": ("smmd", 1.0)}
 # Integer vocab sizes allowed in gin files: T5X's own value in a file that restates T5X's.
 LITERAL_VOCAB_SIZES = {"models/decoder_only_base_ntl.gin": 32128}
+
+
+# The NTL models, and the arguments a gin file may bind on them besides T5X's own.
+NTL_MODELS = ("NTLEncoderDecoderModel", "NTLDecoderOnlyModel")
+NTL_ARGUMENTS = {"number_loss", "ntl_weight", "gce_sigma", "digit_level", "fused_loss", "fused_chunk_size",
+                 "fused_vocab_axis"}
+# The macros the model files define for the loss.
+LOSS_MACROS = {"NTL_WEIGHT", "NTL_LOSS", "NTL_GCE_SIGMA", "NTL_FUSED_LOSS"}
+
+
+class _Reference:
+    """A gin `@name()` (or `@name`) as the parser gives it."""
+
+    def __init__(self, name, evaluate):
+        self.name, self.evaluate = name, evaluate
+
+
+class _Macro:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Recorder(config_parser.ParserDelegate):
+    def configurable_reference(self, scoped_configurable_name, evaluate):
+        return _Reference(scoped_configurable_name, evaluate)
+
+    def macro(self, macro_name):
+        return _Macro(macro_name)
+
+
+def parse(text: str) -> list:
+    """The statements of gin `text`, by gin's own parser (nothing imported or bound)."""
+    return list(config_parser.ConfigParser(text, _Recorder()))
+
+
+def statements(name: str) -> list:
+    return parse((CONFIGS / name).read_text())
 
 
 def code(text: str) -> str:
@@ -99,21 +145,40 @@ def earlier_experiments() -> dict:
 
 
 def effective_loss(files, bindings) -> tuple:
-    """(NTL_KIND, NTL_WEIGHT) after the defaults, `files` (and what they include), `bindings`."""
-    values = {}
+    """(the number loss's spec, NTL_WEIGHT) after the defaults, `files` (and what they
+    include), `bindings`: `NTL_LOSS` a reference to a constructor of `ntl_jax.losses`,
+    called with the parameters bound on it, or a spec string (`ntl_jax.losses.resolve`)."""
+    values, parameters = {}, {}
 
-    def visit(name):
-        for included in includes(name):
-            if included.startswith("t5x_configs/"):
-                visit(included[len("t5x_configs/"):])
-        values.update(macros(name))
+    def apply(parsed):
+        for statement in parsed:
+            if isinstance(statement, config_parser.IncludeStatement):
+                if statement.filename.startswith("t5x_configs/"):
+                    apply(statements(statement.filename[len("t5x_configs/"):]))
+            elif isinstance(statement, config_parser.BindingStatement) and not statement.scope:
+                if not statement.arg_name:
+                    values[statement.selector] = statement.value
+                elif statement.selector.startswith("losses."):
+                    parameters.setdefault(statement.selector, {})[statement.arg_name] = statement.value
 
     for name in files:
-        visit(name)
+        apply(statements(name))
+    known = set(values)
     for binding in bindings:
-        key, value = (s.strip() for s in binding.split("=", 1))
-        values[key] = value
-    return values["NTL_KIND"].strip("'\""), float(values["NTL_WEIGHT"])
+        (statement,) = parse(binding)
+        assert statement.arg_name or statement.selector in known, f"{binding!r} binds a macro no gin file defines"
+        apply([statement])
+    return _spec(values["NTL_LOSS"], parameters), float(values["NTL_WEIGHT"])
+
+
+def _spec(value, parameters) -> str:
+    if isinstance(value, str):
+        loss = losses.resolve(value)
+        return "none" if loss is None else loss.spec
+    assert isinstance(value, _Reference) and value.evaluate, f"expected NTL_LOSS = @losses.<constructor>(), got {value}"
+    module, constructor = value.name.rsplit(".", 1)
+    assert module == "losses", f"expected a constructor of ntl_jax.losses, got @{value.name}()"
+    return getattr(losses, constructor)(**parameters.get(value.name, {})).spec
 
 
 def test_the_layout():
@@ -179,20 +244,61 @@ def test_experiments_leave_the_loss_to_the_macros():
         assert not {k for k in macros(name) if k.startswith("NTL_")}, name
         assert effective_loss([name], []) == ("was", 0.3), name
     for name in LOSS_FILES:
-        assert set(macros(name)) == {"NTL_KIND", "NTL_WEIGHT"}, name
+        assert set(macros(name)) == {"NTL_LOSS", "NTL_WEIGHT"}, name
         want = (EARLIER_LOSSES | SUCCESSOR_LOSSES)[pathlib.PurePosixPath(name).stem]
         assert effective_loss([EXPERIMENTS[0], name], []) == want
 
 
 @pytest.mark.parametrize("name", ["models/ntl_encoder_decoder.gin", "models/ntl_decoder_only.gin"])
 def test_the_ntl_models_bind_every_loss_macro(name):
-    # Gaussian-smoothed cross-entropy is off unless NTL_GCE_SIGMA is set (e.g. with NTL_KIND 'was_cdf').
+    # Gaussian-smoothed cross-entropy is off unless NTL_GCE_SIGMA is set (e.g. with NTL-WAS-CDF).
     assert macros(name)["NTL_GCE_SIGMA"] == "0.0"
+    assert set(macros(name)) == LOSS_MACROS | {"MODEL"}
+    assert macros(name)["NTL_LOSS"] == "@losses.was()"  # the paper's NTL-WAS, a constructor of ntl_jax.losses
     text = code((CONFIGS / name).read_text())
-    for option, macro in (("ntl_weight", "NTL_WEIGHT"), ("ntl_kind", "NTL_KIND"), ("reweigh", "NTL_REWEIGH"),
-                          ("squash_factor", "NTL_SQUASH_FACTOR"), ("gce_sigma", "NTL_GCE_SIGMA"),
-                          ("fused_loss", "NTL_FUSED_LOSS")):
+    for option, macro in (("ntl_weight", "NTL_WEIGHT"), ("number_loss", "NTL_LOSS"),
+                          ("gce_sigma", "NTL_GCE_SIGMA"), ("fused_loss", "NTL_FUSED_LOSS")):
         assert re.search(rf"^\s+{option} = %{macro}$", text, re.M), (name, option)
+    imports = {(s.module, s.alias) for s in statements(name) if isinstance(s, config_parser.ImportStatement)}
+    assert ("ntl_jax.losses", None) in imports  # `from ntl_jax import losses`, under dynamic registration
+
+
+@pytest.mark.parametrize("name", GIN_FILES)
+def test_every_gin_file_parses(name):
+    parsed = statements(name)
+    assert parsed, name
+    imports = [s for s in parsed if isinstance(s, config_parser.ImportStatement)]
+    if imports:  # T5X's gin files register what they import
+        assert imports[0].module == "__gin__.dynamic_registration", name
+
+
+def _loss_parameters() -> set:
+    """Every parameter of a shipped loss's constructor."""
+    return {p for constructor in losses.LOSSES.values() for p in inspect.signature(constructor).parameters}
+
+
+@pytest.mark.parametrize("name", GIN_FILES)
+def test_the_number_loss_is_one_value_bound_on_its_constructor(name):
+    """No binding names a loss's parameter on a model (or a removed keyword, or a macro
+    for one); `NTL_LOSS` and `number_loss` are constructors of `ntl_jax.losses`, and
+    each binding on one names a parameter it takes."""
+    removed = set(migration._NEW_FORM) | {"NTL_KIND", "NTL_REWEIGH", "NTL_SQUASH_FACTOR"}
+    own = _loss_parameters()
+    for statement in statements(name):
+        if not isinstance(statement, config_parser.BindingStatement):
+            continue
+        selector, argument, value = statement.selector, statement.arg_name, statement.value
+        assert selector not in removed and argument not in removed, (name, selector, argument)
+        if selector.rsplit(".", 1)[-1] in NTL_MODELS:
+            assert argument not in own - NTL_ARGUMENTS, f"{name}: {selector}.{argument} is the loss's own parameter"
+        if selector.startswith("losses."):
+            constructor = selector[len("losses."):]
+            assert argument in inspect.signature(getattr(losses, constructor)).parameters, (name, selector, argument)
+        if (selector == "NTL_LOSS" and not argument) or argument == "number_loss":
+            if isinstance(value, _Macro):
+                assert value.name == "NTL_LOSS", (name, selector, argument)
+            else:
+                _spec(value, {})  # a constructor of ntl_jax.losses (or a spec), called as the file calls it
 
 
 def test_byte_model_sizes_its_network_from_the_vocabulary():

@@ -11,17 +11,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
-from ntl_jax import NumberTokens
+from ntl_jax import NumberTokens, losses
 from tests.formulation import ntl_jax_under_test as ntl_jax
 
 PIECES = ["<pad>", "</s>", "x", "."] + list("0123456789")  # digit d has id d + 4
 NT = NumberTokens.from_pieces(PIECES)
 V = len(PIECES)
-ALL_KINDS = list(ntl_jax._core.variants.KINDS)
+ALL_KINDS = list(losses.NAMES)
 # NTL's successors have no largest value for reweigh to charge.
 UNBOUNDED = ("del", "dist2", "smmd")
-# (kind, reweigh): each kind plain, and reweighed where it can be.
-KIND_REWEIGH = [(kind, reweigh) for kind in ALL_KINDS for reweigh in (False, True)
+
+
+def number_loss(kind, reweigh=False):
+    """The shipped loss named `kind` at its defaults, reweighed when asked."""
+    return losses.LOSSES[kind](reweigh=True) if reweigh else losses.LOSSES[kind]()
+
+
+# Each loss plain, and reweighed where it can be.
+KIND_REWEIGH = [number_loss(kind, reweigh) for kind in ALL_KINDS for reweigh in (False, True)
                 if not (reweigh and kind in UNBOUNDED)]
 
 
@@ -63,14 +70,16 @@ def test_dot_hand_computed(loss, expected):
     probs = np.zeros(V)
     probs[digit(2)] = probs[digit(5)] = 0.5
     logits = logits_from_probs(probs)[None, None]
-    got = ntl_jax.ntl_dot(logits, jnp.array([[digit(1)]]), NT, ntl_kind=loss)
+    got = ntl_jax.ntl_dot(logits, jnp.array([[digit(1)]]), NT, loss_function=loss)
+    np.testing.assert_allclose(ntl_jax.number_token_loss(logits, jnp.array([[digit(1)]]), NT, number_loss=loss),
+                               [[expected]], rtol=1e-6)
     np.testing.assert_allclose(got, [[expected]], rtol=1e-6)
 
 
 def test_huber_below_delta_is_quadratic():
     probs = np.zeros(V)
     probs[digit(1)] = probs[digit(2)] = 0.5  # expected 1.5, target 1: 0.5 * 0.25
-    got = ntl_jax.ntl_dot(logits_from_probs(probs)[None, None], jnp.array([[digit(1)]]), NT, ntl_kind="huber")
+    got = ntl_jax.ntl_dot(logits_from_probs(probs)[None, None], jnp.array([[digit(1)]]), NT, loss_function="huber")
     np.testing.assert_allclose(got, [[0.125]], rtol=1e-6)
 
 
@@ -84,7 +93,9 @@ def test_number_level_hand_computed():
         ntl_jax.number_level_loss(logits, target, NT), [[1 / 25, 0, 0, 0, 0]], rtol=1e-5, atol=1e-7)
     # Float level: 125 vs 135, one number at the first digit.
     np.testing.assert_allclose(
-        ntl_jax.number_level_loss(logits, target, NT, ntl_kind="number_level_float"), [[10 / 260, 0, 0, 0, 0]],
+        ntl_jax.number_level_loss(logits, target, NT, float_level=True), [[10 / 260, 0, 0, 0, 0]], rtol=1e-5)
+    np.testing.assert_allclose(
+        ntl_jax.number_token_loss(logits, target, NT, number_loss="number_level_float"), [[10 / 260, 0, 0, 0, 0]],
         rtol=1e-5)
 
 
@@ -132,14 +143,15 @@ def test_default_reduction_is_per_position_and_the_docstring_says_it_is_no_scala
 def test_dispatcher_matches_named_functions():
     logits = random_logits(1)
     for kind in (kind for kind in ALL_KINDS if kind not in UNBOUNDED):  # those have their own tests
-        got = ntl_jax.number_token_loss(logits, TARGETS, NT, ntl_kind=kind, reweigh=True, reduction="sum")
+        got = ntl_jax.number_token_loss(logits, TARGETS, NT, number_loss=number_loss(kind, reweigh=True),
+                                        reduction="sum")
         if kind in ("was", "was_cdf"):  # the same on evenly spaced digits with a one-hot label
             want = ntl_jax.ntl_was(logits, TARGETS, NT, reweigh=True, reduction="sum")
         elif kind.startswith("number_level"):
             want = ntl_jax.number_level_loss(
-                logits, TARGETS, NT, ntl_kind=kind, reweigh=True, reduction="sum")
+                logits, TARGETS, NT, float_level=kind == "number_level_float", reweigh=True, reduction="sum")
         else:
-            want = ntl_jax.ntl_dot(logits, TARGETS, NT, ntl_kind=kind, reweigh=True, reduction="sum")
+            want = ntl_jax.ntl_dot(logits, TARGETS, NT, loss_function=kind, reweigh=True, reduction="sum")
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
@@ -155,26 +167,26 @@ def test_predict_numbers_values():
 # -- gradients and numerics -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kind", "reweigh"), KIND_REWEIGH)
-def test_gradients_match_finite_differences(kind, reweigh):
-    f = functools.partial(ntl_jax.number_token_loss, targets=TARGETS, number_tokens=NT, ntl_kind=kind,
-                          reweigh=reweigh, reduction="mean")
+@pytest.mark.parametrize("loss", KIND_REWEIGH, ids=lambda loss: loss.spec)
+def test_gradients_match_finite_differences(loss):
+    f = functools.partial(ntl_jax.number_token_loss, targets=TARGETS, number_tokens=NT, number_loss=loss,
+                          reduction="mean")
     check_grads(lambda logits: f(logits), (random_logits(3, scale=1.0),), order=1, modes=["rev"],
                 atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize(("kind", "reweigh"), KIND_REWEIGH)
+@pytest.mark.parametrize("loss", KIND_REWEIGH, ids=lambda loss: loss.spec)
 @pytest.mark.parametrize("scale", [1e4, -1e4])
-def test_finite_at_extreme_logits(kind, reweigh, scale):
+def test_finite_at_extreme_logits(loss, scale):
     logits = jnp.sign(random_logits(4)) * scale
     def f(logits):
-        return ntl_jax.number_token_loss(logits, TARGETS, NT, ntl_kind=kind, reweigh=reweigh, reduction="mean")
+        return ntl_jax.number_token_loss(logits, TARGETS, NT, number_loss=loss, reduction="mean")
     value, grad = jax.value_and_grad(f)(logits)
     assert np.isfinite(value) and np.isfinite(np.asarray(grad)).all()
 
 
-@pytest.mark.parametrize(("kind", "reweigh"), KIND_REWEIGH)
-def test_bf16_and_f16_logits_compute_in_f32(kind, reweigh):
+@pytest.mark.parametrize("loss", KIND_REWEIGH, ids=lambda loss: loss.spec)
+def test_bf16_and_f16_logits_compute_in_f32(loss):
     """16-bit logits are widened exactly and every statistic (the masses too) is taken
     in float32: the value is the float32 one of the widened logits, and the gradient
     is its float32 gradient rounded once to the logits' dtype (half a unit in the last
@@ -184,7 +196,7 @@ def test_bf16_and_f16_logits_compute_in_f32(kind, reweigh):
         low = logits.astype(dtype)
 
         def f(x):
-            return ntl_jax.number_token_loss(x, TARGETS, NT, ntl_kind=kind, reweigh=reweigh, reduction="sum")
+            return ntl_jax.number_token_loss(x, TARGETS, NT, number_loss=loss, reduction="sum")
 
         got, grad = jax.value_and_grad(f)(low)
         want, want_grad = jax.value_and_grad(f)(low.astype(jnp.float32))
@@ -199,10 +211,10 @@ def test_no_number_token_gives_exact_zero(kind):
     targets = jnp.array([[2, 3, 1, 0], [0, 0, 0, 0]])
     logits = random_logits(6, shape=(2, 4, V))
     for reduction in ("none", "sum", "mean"):
-        value = ntl_jax.number_token_loss(logits, targets, NT, ntl_kind=kind, reweigh=kind not in UNBOUNDED,
+        value = ntl_jax.number_token_loss(logits, targets, NT, number_loss=number_loss(kind, kind not in UNBOUNDED),
                                           reduction=reduction)
         assert np.all(np.asarray(value) == 0.0)
-    grad = jax.grad(lambda x: ntl_jax.number_token_loss(x, targets, NT, ntl_kind=kind, reduction="mean"))(logits)
+    grad = jax.grad(lambda x: ntl_jax.number_token_loss(x, targets, NT, number_loss=kind, reduction="mean"))(logits)
     assert np.all(np.asarray(grad) == 0.0)
 
 
@@ -256,8 +268,8 @@ def test_non_number_logits_do_not_matter_without_reweigh(a, b, kind):
     mixed = jnp.asarray(b).at[..., 4:].set(jnp.asarray(a)[..., 4:])
     targets = jnp.array([[digit(3), digit(1), digit(4)]])
     np.testing.assert_allclose(
-        ntl_jax.number_token_loss(jnp.asarray(a), targets, NT, ntl_kind=kind),
-        ntl_jax.number_token_loss(mixed, targets, NT, ntl_kind=kind), rtol=1e-5, atol=1e-6)
+        ntl_jax.number_token_loss(jnp.asarray(a), targets, NT, number_loss=kind),
+        ntl_jax.number_token_loss(mixed, targets, NT, number_loss=kind), rtol=1e-5, atol=1e-6)
 
 
 # -- transformations --------------------------------------------------------------------
@@ -288,7 +300,7 @@ def test_number_tokens_as_a_jit_argument_equals_closure_constant():
 def test_vmap_equals_a_loop(kind):
     logits = random_logits(12, shape=(3, 2, 6, V))
     targets = jnp.stack([TARGETS, TARGETS[::-1], TARGETS[:, ::-1]])
-    f = functools.partial(ntl_jax.number_token_loss, number_tokens=NT, ntl_kind=kind, reduction="mean")
+    f = functools.partial(ntl_jax.number_token_loss, number_tokens=NT, number_loss=kind, reduction="mean")
     mapped = jax.vmap(lambda l, t: f(l, t))(logits, targets)
     np.testing.assert_allclose(mapped, [f(logits[i], targets[i]) for i in range(3)], rtol=1e-6)
 
@@ -309,9 +321,16 @@ def test_vmap_equals_a_loop(kind):
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"weights": jnp.ones((3, 2))}, ValueError,
          r"weights of shape \(2, 3\).*got \(3, 2\)"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"reduction": "avg"}, ValueError, "reduction in.*'avg'"),
-        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"ntl_kind": "l3"}, ValueError, "kind in.*'l3'"),
-        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"ntl_kind": "mse", "squash_factor": 2.0}, ValueError,
-         r"squash_factor applies only to ntl_kind in \('was', 'smmd'\), got ntl_kind='mse'"),
+        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"number_loss": "l3"}, ValueError,
+         r"expected a number loss in \('was', .*\(or 'none'\), got 'l3'"),
+        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"number_loss": "mse(squash_factor=2.0)"}, ValueError,
+         r"number loss 'mse' has no parameter 'squash_factor' \(it takes \('reweigh',\)\)"),
+        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"number_loss": None}, ValueError,
+         "expected number_loss a NumberLoss or a spec of one, got None"),
+        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"ntl_kind": "l3"}, TypeError,
+         r"number_token_loss\(\) no longer takes ntl_kind= .*pass number_loss="),
+        (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"number_loss": "mse", "squash_factor": 2.0}, TypeError,
+         r"no longer takes squash_factor= .*number_loss=ntl_jax.losses.was\(squash_factor=...\)"),
     ],
 )
 def test_bad_input_names_expected_and_actual(logits, targets, kwargs, error, message):
@@ -320,7 +339,9 @@ def test_bad_input_names_expected_and_actual(logits, targets, kwargs, error, mes
 
 
 def test_bad_dot_loss_and_number_tokens():
-    with pytest.raises(ValueError, match="ntl_kind in.*'l2'"):
+    with pytest.raises(ValueError, match=r"expected loss_function in \('mse', 'mae', 'huber'\) or a function.*'l2'"):
+        ntl_jax.ntl_dot(jnp.zeros((1, 1, V)), jnp.zeros((1, 1), int), NT, loss_function="l2")
+    with pytest.raises(TypeError, match=r"ntl_dot\(\) no longer takes ntl_kind= .*pass loss_function="):
         ntl_jax.ntl_dot(jnp.zeros((1, 1, V)), jnp.zeros((1, 1), int), NT, ntl_kind="l2")
     with pytest.raises(TypeError, match="NumberTokens, got list"):
         ntl_jax.ntl_was(jnp.zeros((1, 1, V)), jnp.zeros((1, 1), int), PIECES)

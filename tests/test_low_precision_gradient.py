@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import ntl_jax
-from ntl_jax import NumberTokens
-from ntl_jax._core import variants
+from ntl_jax import NumberTokens, losses
+from ntl_jax._core.number_stats import forced_formulation
 from tests.conftest import FORMULATIONS
 from tests.grid import pairwise
 
@@ -58,7 +58,8 @@ def test_16_bit_gradient_is_the_rounded_float32_gradient(count, dtype, formulati
     nt, logits, targets, weights = problem(count)
 
     def f(x):
-        return ntl_jax.ntl_was(x, targets, nt, weights=weights, reduction="mean", formulation=formulation)
+        with forced_formulation(formulation):
+            return ntl_jax.ntl_was(x, targets, nt, weights=weights, reduction="mean")
 
     grad = jax.jit(jax.grad(f))(logits.astype(dtype))
     want = jax.jit(jax.grad(f))(logits.astype(dtype).astype(jnp.float32))
@@ -68,10 +69,11 @@ def test_16_bit_gradient_is_the_rounded_float32_gradient(count, dtype, formulati
     assert np.all(np.asarray(grad, np.float32)[..., off_numbers] == 0)
 
 
-OBJECTIVE_OPTIONS = [dict(ntl_kind="none", label_smoothing=0.1), dict(ntl_kind="was", reweigh=True),
-                     dict(ntl_kind="mse", label_smoothing=0.1), dict(ntl_kind="number_level", reweigh=True),
+OBJECTIVE_OPTIONS = [dict(number_loss=None, label_smoothing=0.1), dict(number_loss=losses.was(reweigh=True)),
+                     dict(number_loss="mse", label_smoothing=0.1),
+                     dict(number_loss=losses.number_level(reweigh=True)),
                      # Every number token's column: gathered (on accelerators beyond 32 of them).
-                     dict(ntl_kind="was_cdf", gce_sigma=1.0)]
+                     dict(number_loss=losses.was_cdf(sigma=1.0), gce_sigma=1.0)]
 
 
 @pytest.mark.parametrize(("dtype", "options", "count", "formulation"),
@@ -84,8 +86,8 @@ def test_16_bit_objective_gradient_is_the_rounded_float32_gradient(count, option
     nt, logits, targets, weights = problem(count)
 
     def f(x):
-        return ntl_jax.cross_entropy_and_ntl(x, targets, nt, weights=weights, z_loss=1e-4, formulation=formulation,
-                                             **options)[0]
+        with forced_formulation(formulation):
+            return ntl_jax.cross_entropy_and_ntl(x, targets, nt, weights=weights, z_loss=1e-4, **options)[0]
 
     value, grad = jax.jit(jax.value_and_grad(f))(logits.astype(dtype))
     want_value, want = jax.jit(jax.value_and_grad(f))(logits.astype(dtype).astype(jnp.float32))
@@ -105,8 +107,9 @@ def test_16_bit_objective_forward_mode_and_hessian(dtype, reweigh, formulation):
     low = logits[:1, :3].astype(dtype)
 
     def f(x):
-        return ntl_jax.cross_entropy_and_ntl(x, targets[:1, :3], nt, weights=weights[:1, :3], ntl_kind="mse",
-                                             label_smoothing=0.1, reweigh=reweigh, formulation=formulation)[0]
+        with forced_formulation(formulation):
+            return ntl_jax.cross_entropy_and_ntl(x, targets[:1, :3], nt, weights=weights[:1, :3],
+                                                 number_loss=losses.mse(reweigh=reweigh), label_smoothing=0.1)[0]
 
     assert_forward_mode_and_hessian(f, low)
 
@@ -120,8 +123,8 @@ def test_16_bit_forward_mode_and_hessian(dtype, formulation):
     low = logits[:1, :3].astype(dtype)
 
     def f(x):
-        return ntl_jax.ntl_was(x, targets[:1, :3], nt, weights=weights[:1, :3], reduction="sum",
-                               formulation=formulation)
+        with forced_formulation(formulation):
+            return ntl_jax.ntl_was(x, targets[:1, :3], nt, weights=weights[:1, :3], reduction="sum")
 
     assert_forward_mode_and_hessian(f, low)
 
@@ -177,8 +180,8 @@ def test_number_columns_are_gathered_from_the_16_bit_logits():
     (The CPU's gathers from the widened logits, see `number_stats._by_formulation`.)"""
     nt = scattered_table(512, 40)
     args = (jax.ShapeDtypeStruct((2, 4, 512), jnp.bfloat16), jax.ShapeDtypeStruct((2, 4), jnp.int32))
-    grad = jax.jit(jax.grad(lambda lg, t: ntl_jax.cross_entropy_and_ntl(lg, t, nt, ntl_kind="was_cdf",
-                                                                        gce_sigma=1.0)[0]))
+    grad = jax.jit(jax.grad(lambda lg, t: ntl_jax.cross_entropy_and_ntl(
+        lg, t, nt, number_loss=losses.was_cdf(sigma=1.0), gce_sigma=1.0)[0]))
     for platform, gradient_scatters in (("cuda", []), ("tpu", ["tensor<2x4x512xf32>"])):
         text = jax.export.export(grad, platforms=[platform])(*args).mlir_module()
         gathers = re.findall(r'"stablehlo.gather".*?-> (tensor<[^>]*>)', text, flags=re.S)
@@ -203,7 +206,7 @@ def test_reweigh_gradient_off_the_numbers_at_a_small_number_mass(shift, formulat
     logits = 3.0 * rng.standard_normal((1, 1, vocab))
     logits[..., ids] -= shift
     target = jnp.asarray([[ids[np.flatnonzero(np.asarray(nt.number_values) == 3)[0]]]], jnp.int32)
-    ceiling = float(variants.VARIANTS["was"].ceiling(nt))
+    ceiling = float(losses.was().ceiling(nt))
 
     # The gradient in closed form, float64, every factor formed without cancellation
     # (autodiff of a float64 softmax would form d rest = p_v (1 - rest), float64's eps
@@ -222,9 +225,9 @@ def test_reweigh_gradient_off_the_numbers_at_a_small_number_mass(shift, formulat
     want = (c - w) * mass * p
     want[ids] = mass * inner * (distance - w) + (w - c) * p[ids] * rest
     assert (1e-6 < mass < 3e-6) if shift == 3.0 else (3e-13 < mass < 3e-12), mass
-    got = np.asarray(jax.grad(lambda z: ntl_jax.ntl_was(z, target, nt, reweigh=True, reduction="sum",
-                                                        formulation=formulation))(
-        jnp.asarray(logits, jnp.float32)))[0, 0].astype(np.float64)
+    with forced_formulation(formulation):
+        got = np.asarray(jax.grad(lambda z: ntl_jax.ntl_was(z, target, nt, reweigh=True, reduction="sum"))(
+            jnp.asarray(logits, jnp.float32)))[0, 0].astype(np.float64)
     relative = np.abs(got[~is_number] - want[~is_number]) / np.abs(want[~is_number])
     assert np.median(relative) <= 1e-5, np.median(relative)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1e-5

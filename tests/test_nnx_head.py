@@ -1,5 +1,6 @@
 """The fused head for Flax NNX models: a small decoder-only model's fused CE + NTL and its
-gradients against the logits path, and the projection found, skipped and restored."""
+gradients against the logits path, a loss of one's own training the model, and the
+projection found, skipped and restored."""
 
 import jax
 import jax.numpy as jnp
@@ -8,13 +9,41 @@ import pytest
 
 nnx = pytest.importorskip("flax.nnx")
 
+import optax  # noqa: E402
+
 import ntl_jax  # noqa: E402
+from ntl_jax import losses  # noqa: E402
 from ntl_jax.flax import _nnx  # noqa: E402
 
 PIECES = ["<pad>", "</s>", "What", "is", "*", "?", "+", "=", "."] + list("0123456789") + ["10", "25", "100", "99"]
 PIECES += [f"w{i}" for i in range(37 - len(PIECES))]  # 37: a vocabulary that is no power of two
 NUMBERS = ntl_jax.NumberTokens.from_pieces(PIECES, digit_level=False)
 VOCAB, D_MODEL, BATCH, LENGTH = len(PIECES), 16, 3, 8
+
+
+def _squared_distance(columns, target, number_tokens):  # a function of each number token
+    return jnp.square(columns.value - target.value[..., None])
+
+
+# A loss a user writes: E_p[(v - y)^2], the expected squared distance, at number targets.
+SQUARED_DISTANCE = losses.NumberLoss(
+    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
+    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
+
+
+def _squared_distance_mean(logits, targets, weights) -> float:
+    """SQUARED_DISTANCE's mean over the counted number targets, written plainly:
+    `sum_j softmax(z)_j (v_j - y)^2` over the number tokens' logits `z`."""
+    logits, targets, weights = (np.asarray(a, np.float64) for a in (logits, targets, weights))
+    ids, values = np.asarray(NUMBERS.ids), np.asarray(NUMBERS.number_values, np.float64)
+    z = logits[..., ids]
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    counted = np.isin(targets, ids) * weights
+    value_of = dict(zip(ids.tolist(), values.tolist()))
+    y = np.vectorize(lambda t: value_of.get(int(t), 0.0))(targets)
+    per_position = np.sum(p * np.square(values - y[..., None]), axis=-1)
+    return float(np.sum(per_position * counted) / np.sum(counted))
 
 
 class Block(nnx.Module):
@@ -71,17 +100,24 @@ def _data(seed=0):
     return jnp.asarray(tokens), jnp.asarray(targets), jnp.asarray(weights)
 
 
-def _objective(ntl_kind):
-    return dict(ntl_kind=ntl_kind, ntl_weight=0.3, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+def _objective(number_loss):
+    return dict(number_loss=number_loss, ntl_weight=0.3, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
 
 
-def _loss_and_grads(model, tokens, targets, weights, ntl_kind, fused, transform):
+def _nnx_loss_fn(tokens, targets, weights, number_loss, fused):
     def loss_fn(model):
         if fused:
             hidden, kernel = _nnx.hidden_states_and_kernel(model, tokens)
             return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, NUMBERS, weights=weights,
-                                                       **_objective(ntl_kind))
-        return ntl_jax.cross_entropy_and_ntl(model(tokens), targets, NUMBERS, weights=weights, **_objective(ntl_kind))
+                                                       **_objective(number_loss))
+        return ntl_jax.cross_entropy_and_ntl(model(tokens), targets, NUMBERS, weights=weights,
+                                             **_objective(number_loss))
+
+    return loss_fn
+
+
+def _loss_and_grads(model, tokens, targets, weights, number_loss, fused, transform):
+    loss_fn = _nnx_loss_fn(tokens, targets, weights, number_loss, fused)
 
     if transform == "nnx":
         (loss, parts), grads = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))(model)
@@ -95,22 +131,23 @@ def _loss_and_grads(model, tokens, targets, weights, ntl_kind, fused, transform)
     return loss, parts, grads
 
 
-@pytest.mark.parametrize("head, bias, scale, ntl_kind, transform", [
+@pytest.mark.parametrize("head, bias, scale, number_loss, transform", [
     ("untied", False, 1.0, "was", "nnx"),
     ("untied", False, 1.0, "number_level", "jax"),
     ("untied", True, 0.5, "was", "jax"),  # the bias folded into the kernel, and the logits scaled after the head
     ("tied", False, 1.0, "was", "nnx"),
     ("tied", False, 1.0, "number_level", "jax"),
     ("remat", True, 1.0, "number_level", "nnx"),  # the head inside an nnx transform of the model
-])
-def test_fused_loss_and_gradients_equal_the_logits_path(head, bias, scale, ntl_kind, transform):
+    ("untied", True, 1.0, SQUARED_DISTANCE, "nnx"),  # a loss of one's own
+], ids=lambda v: v.name if isinstance(v, losses.NumberLoss) else None)
+def test_fused_loss_and_gradients_equal_the_logits_path(head, bias, scale, number_loss, transform):
     model = Decoder(head=head, bias=bias, scale=scale)
     tokens, targets, weights = _data()
-    loss_u, parts_u, grads_u = _loss_and_grads(model, tokens, targets, weights, ntl_kind, False, transform)
-    loss_f, parts_f, grads_f = _loss_and_grads(model, tokens, targets, weights, ntl_kind, True, transform)
+    loss_u, parts_u, grads_u = _loss_and_grads(model, tokens, targets, weights, number_loss, False, transform)
+    loss_f, parts_f, grads_f = _loss_and_grads(model, tokens, targets, weights, number_loss, True, transform)
     assert float(parts_u["ntl"]) > 0.01 and float(parts_u["cross_entropy"]) > 1.0
     np.testing.assert_allclose(loss_f, loss_u, rtol=2e-5, atol=1e-7)
-    for name in ("cross_entropy", "ntl"):
+    for name in ("cross_entropy", "ntl", "ntl_term"):
         np.testing.assert_allclose(parts_f[name], parts_u[name], rtol=2e-5, atol=1e-7, err_msg=name)
     flat_u, flat_f = (jax.tree_util.tree_flatten_with_path(g)[0] for g in (grads_u, grads_f))
     assert [p for p, _ in flat_u] == [p for p, _ in flat_f]
@@ -122,6 +159,33 @@ def test_fused_loss_and_gradients_equal_the_logits_path(head, bias, scale, ntl_k
         scale_u = float(np.max(np.abs(g_u)))
         assert scale_u > 0, jax.tree_util.keystr(path)  # every parameter gets a gradient
         assert float(np.max(np.abs(g_f - g_u))) <= 1e-4 * scale_u, jax.tree_util.keystr(path)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_loss_of_ones_own_trains_an_nnx_model(fused):
+    model = Decoder(head="tied", layers=1)
+    tokens, targets, weights = _data()
+    loss_fn = _nnx_loss_fn(tokens, targets, weights, SQUARED_DISTANCE, fused)
+    # Its mean is the plain formula on the model's logits, and the objective adds 0.3 x its share.
+    _, parts = loss_fn(model)
+    expected = _squared_distance_mean(model(tokens), targets, weights)
+    assert expected > 1.0
+    np.testing.assert_allclose(parts["ntl"], expected, rtol=1e-5)
+    np.testing.assert_allclose(parts["ntl_term"], 0.3 * expected * parts["ntl_weight_sum"] / parts["weight_sum"],
+                               rtol=1e-5)
+    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, optimizer):
+        (loss, parts), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        optimizer.update(model, grads)
+        return loss, parts["ntl"]
+
+    seen = [step(model, optimizer) for _ in range(4)]
+    seen.append(loss_fn(model))
+    losses_seen = [float(loss) for loss, _ in seen]
+    assert np.all(np.isfinite(losses_seen)) and all(b < a for a, b in zip(losses_seen, losses_seen[1:])), losses_seen
+    assert float(seen[-1][1]["ntl"]) < float(seen[0][1])
 
 
 @pytest.mark.parametrize("head, bias", [("untied", False), ("untied", True), ("tied", False)])

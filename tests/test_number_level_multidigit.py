@@ -21,13 +21,11 @@ from jax.test_util import check_grads
 
 import ntl_jax
 from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl
+from ntl_jax import losses as number_losses
 from ntl_jax._core import losses
 from ntl_jax._core.digit_runs import join_digit_runs
 from ntl_jax._core.targets import number_target
 from tests.fixtures import make_number_level_fixture as single_digit
-
-# The number-level variant by its float_level (ntloss's name for it).
-NUMBER_LEVEL = {False: "number_level", True: "number_level_float"}
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "number_level_single_digit.npz"
 IGNORE = -100  # as ntloss's ignore_index and tests/ntloss_cases.py
@@ -196,7 +194,7 @@ def test_number_tokens_without_digit_count_stand_alone():
                 smape(1, 1), 0, smape(26, 25)]
     np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, NT), [want_int], rtol=1e-5, atol=1e-7)
     want_float = want_int[:7] + [smape(126, 125), 0, 0]
-    np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, NT, ntl_kind="number_level_float"),
+    np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, NT, float_level=True),
                                [want_float], rtol=1e-5, atol=1e-7)
     assert want_int[1] > 0.9 and want_float[7] > 0  # the lone and joined terms are not trivially 0
 
@@ -215,7 +213,7 @@ def test_space_marked_pieces_begin_a_new_number():
     logits = jnp.log(jax.nn.one_hot(jnp.asarray([guess]), len(pieces)) + 1e-30)
     want = [smape(4, 3), smape(1235, 1234), 0, 0, smape(2, 1), 0, 0]
     for float_level in (False, True):
-        got = ntl_jax.number_level_loss(logits, targets, nt, ntl_kind=NUMBER_LEVEL[float_level])
+        got = ntl_jax.number_level_loss(logits, targets, nt, float_level=float_level)
         np.testing.assert_allclose(got, [want], rtol=1e-5, atol=1e-7, err_msg=f"float_level={float_level}")
     unmarked = NumberTokens.from_pieces(pieces, digit_level=False)  # "Ġ12" is no number there
     assert not np.asarray(unmarked.opens_number).any()
@@ -234,8 +232,12 @@ def test_single_digit_vocabulary_gives_the_stored_numbers():
     stored = np.load(FIXTURE)
     inputs = {k.split("/", 1)[1]: stored[k] for k in stored if k.startswith("input/")}
     # The fixture's `outputs` reads `number_level_loss` and `join_digit_runs` off a module,
-    # as `ntl_jax/_core/losses.py` held both then; today the join is `digit_runs`'.
-    today = types.SimpleNamespace(number_level_loss=losses.number_level_loss, join_digit_runs=join_digit_runs)
+    # as `ntl_jax/_core/losses.py` held both then; today the join is `digit_runs`', and
+    # the loss takes ntloss's `float_level` where it took the variant's name.
+    def number_level_loss(*args, ntl_kind, **kwargs):
+        return losses.number_level_loss(*args, float_level=ntl_kind == "number_level_float", **kwargs)
+
+    today = types.SimpleNamespace(number_level_loss=number_level_loss, join_digit_runs=join_digit_runs)
     got = single_digit.outputs(today, inputs)
     assert set(got) == {k for k in stored if not k.startswith("input/")}
     for name, value in got.items():
@@ -277,9 +279,8 @@ def test_digit_level_tables_are_unchanged_by_wider_tables_on_single_digits():
     targets = jnp.where(targets == pieces.index("12"), pieces.index("y"), targets)
     logits = logits.at[..., pieces.index("12")].set(-1e30)  # no mass on it: same prediction
     for float_level in (False, True):
-        kind = NUMBER_LEVEL[float_level]
-        narrow = ntl_jax.number_level_loss(logits, targets, NumberTokens.from_pieces(pieces), ntl_kind=kind)
-        np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, wide, ntl_kind=kind), narrow,
+        narrow = ntl_jax.number_level_loss(logits, targets, NumberTokens.from_pieces(pieces), float_level=float_level)
+        np.testing.assert_allclose(ntl_jax.number_level_loss(logits, targets, wide, float_level=float_level), narrow,
                                    rtol=1e-6, atol=1e-7)
 
 
@@ -301,7 +302,7 @@ def test_matches_the_reference(seed, float_level, reweigh):
         w = weights if weighted else None
         got = ntl_jax.number_level_loss(jnp.asarray(logits), jnp.asarray(targets), NT,
                                         weights=None if w is None else jnp.asarray(w),
-                                        ntl_kind=NUMBER_LEVEL[float_level], reweigh=reweigh, reduction=reduction)
+                                        float_level=float_level, reweigh=reweigh, reduction=reduction)
         want = reference(logits, targets, w, float_level=float_level, reweigh=reweigh, reduction=reduction)
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=RTOL, atol=ATOL,
                                    err_msg=f"weighted={weighted} reduction={reduction}")
@@ -312,8 +313,7 @@ def test_matches_the_reference(seed, float_level, reweigh):
 
 def test_under_jit_and_with_a_traced_table():
     logits, targets, weights = random_inputs(3)
-    f = jax.jit(functools.partial(ntl_jax.number_level_loss, ntl_kind="number_level_float", reweigh=True,
-                                  reduction="mean"))
+    f = jax.jit(functools.partial(ntl_jax.number_level_loss, float_level=True, reweigh=True, reduction="mean"))
     got = f(jnp.asarray(logits), jnp.asarray(targets), NT, weights=jnp.asarray(weights))
     want = reference(logits, targets, weights, float_level=True, reweigh=True, reduction="mean")
     np.testing.assert_allclose(float(got), want, rtol=RTOL, atol=ATOL)
@@ -331,7 +331,7 @@ def test_gradients_are_finite_at_extreme_and_nan_logits(float_level, reweigh):
 
     def f(lg):
         return ntl_jax.number_level_loss(lg, jnp.asarray(targets), NT, weights=jnp.asarray(weights),
-                                         ntl_kind=NUMBER_LEVEL[float_level], reweigh=reweigh, reduction="mean")
+                                         float_level=float_level, reweigh=reweigh, reduction="mean")
 
     value, grad = jax.value_and_grad(f)(jnp.asarray(logits))
     assert np.isfinite(float(value)) and np.isfinite(np.asarray(grad)).all()
@@ -346,7 +346,7 @@ def test_gradients_match_finite_differences(float_level):
                            ids("x", "4", "0", "3.5", "00", ".", ".", "1")])
     logits = jax.random.normal(jax.random.PRNGKey(0), (2, 8, VOCAB))
     f = functools.partial(ntl_jax.number_level_loss, targets=targets, number_tokens=NT,
-                          ntl_kind=NUMBER_LEVEL[float_level], reweigh=True, reduction="mean")
+                          float_level=float_level, reweigh=True, reduction="mean")
     check_grads(jax.jit(f), (logits,), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
 
 
@@ -360,14 +360,14 @@ def _assert_close(a, b, rtol=2e-5, what=""):
     assert np.max(np.abs(a - b)) <= rtol * scale, f"{what}: max |diff| {np.max(np.abs(a - b))} vs scale {scale}"
 
 
-@pytest.mark.parametrize("ntl_kind,reweigh", [("number_level", False), ("number_level_float", True)])
-def test_fused_head_equals_the_unfused_objective(ntl_kind, reweigh):
+@pytest.mark.parametrize("float_level,reweigh", [(False, False), (True, True)])
+def test_fused_head_equals_the_unfused_objective(float_level, reweigh):
     _, targets, weights = random_inputs(5, batch=3, length=24)
     rng = np.random.default_rng(5)
     hidden = jnp.asarray(rng.normal(size=(3, 24, 8)), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(8, VOCAB)), jnp.float32)
     targets, weights = jnp.asarray(targets), jnp.asarray(weights)
-    options = dict(weights=weights, ntl_kind=ntl_kind, reweigh=reweigh)
+    options = dict(weights=weights, number_loss=number_losses.number_level(float_level=float_level, reweigh=reweigh))
 
     def unfused(h, k):
         return cross_entropy_and_ntl(jnp.einsum("bld,dv->blv", h, k), targets, NT, **options)
@@ -382,16 +382,20 @@ def test_fused_head_equals_the_unfused_objective(ntl_kind, reweigh):
         _assert_close(parts_u[name], parts_f[name], what=name)
     _assert_close(grads_u[0], grads_f[0], what="d hidden")
     _assert_close(grads_u[1], grads_f[1], what="d kernel")
-    # Both are the reference's weighted sum (no loss-normalising factor).
+    # Both: lambda x the reference's weighted sum (no loss-normalising factor), and its
+    # weighted mean.
     logits = np.asarray(jnp.einsum("bld,dv->blv", hidden, kernel))
-    want = reference(logits, np.asarray(targets), np.asarray(weights), float_level=ntl_kind.endswith("float"),
+    want = reference(logits, np.asarray(targets), np.asarray(weights), float_level=float_level,
                      reweigh=reweigh, reduction="sum")
-    np.testing.assert_allclose(float(parts_f["ntl"]), want, rtol=RTOL, atol=ATOL)
+    mean = reference(logits, np.asarray(targets), np.asarray(weights), float_level=float_level,
+                     reweigh=reweigh, reduction="mean")
+    np.testing.assert_allclose(float(parts_f["ntl_term"]), 0.3 * want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(float(parts_f["ntl"]), mean, rtol=RTOL, atol=ATOL)
     assert want > 1.0
 
 
-@pytest.mark.parametrize("ntl_kind", ["number_level", "number_level_float"])
-def test_max_number_length_reaches_the_objective_and_the_fused_head(ntl_kind):
+@pytest.mark.parametrize("float_level", [False, True])
+def test_max_number_length_reaches_the_objective_and_the_fused_head(float_level):
     """`max_number_length` means in the objective and the fused head what it means in
     `number_level_loss` (held against ntloss in test_parity.py): the same NTL sum."""
     from ntl_jax import number_level_loss
@@ -402,18 +406,30 @@ def test_max_number_length_reaches_the_objective_and_the_fused_head(ntl_kind):
     kernel = jnp.asarray(rng.normal(size=(8, VOCAB)), jnp.float32)
     targets, weights = jnp.asarray(targets), jnp.asarray(weights)
     logits = jnp.einsum("bld,dv->blv", hidden, kernel)
-    options = dict(weights=weights, ntl_kind=ntl_kind, max_number_length=2)
-    want = float(number_level_loss(logits, targets, NT, ntl_kind=ntl_kind, weights=weights, reduction="sum",
+    name = "number_level_float" if float_level else "number_level"
+    options = dict(weights=weights, number_loss=number_losses.number_level(float_level=float_level,
+                                                                           max_number_length=2))
+    want = float(number_level_loss(logits, targets, NT, float_level=float_level, weights=weights, reduction="sum",
                                    max_number_length=2))
-    default = float(number_level_loss(logits, targets, NT, ntl_kind=ntl_kind, weights=weights, reduction="sum"))
+    mean = float(number_level_loss(logits, targets, NT, float_level=float_level, weights=weights, reduction="mean",
+                                   max_number_length=2))
+    default = float(number_level_loss(logits, targets, NT, float_level=float_level, weights=weights, reduction="sum"))
     # Numbers of 3+ places: the cap changes the loss, by 100x the tolerance below or more.
     assert abs(want - default) > 1e-3 * abs(default)
     _, parts = cross_entropy_and_ntl(logits, targets, NT, **options)
     _, fused_parts = fused_cross_entropy_and_ntl(hidden, kernel, targets, NT, chunk_size=128, **options)
-    np.testing.assert_allclose(float(parts["ntl"]), want, rtol=1e-5)
-    np.testing.assert_allclose(float(fused_parts["ntl"]), want, rtol=1e-5)
-    with pytest.raises(ValueError, match=r"max_number_length applies only to ntl_kind in \('number_level', "
-                                         r"'number_level_float'\), got ntl_kind='was'"):
-        cross_entropy_and_ntl(logits, targets, NT, ntl_kind="was", max_number_length=2)
-    with pytest.raises(ValueError, match="expected max_number_length to be an integer >= 1, got 0"):
-        fused_cross_entropy_and_ntl(hidden, kernel, targets, NT, ntl_kind=ntl_kind, max_number_length=0)
+    # The same loss as a spec.
+    _, spec_parts = cross_entropy_and_ntl(logits, targets, NT, weights=weights,
+                                          number_loss=f"{name}(max_number_length=2)")
+    for got in (parts, fused_parts, spec_parts):
+        np.testing.assert_allclose(float(got["ntl_term"]), 0.3 * want, rtol=1e-5)
+        np.testing.assert_allclose(float(got["ntl"]), mean, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"number loss 'was' has no parameter 'max_number_length' \(it takes "
+                                         r"\('squash_factor', 'reweigh'\)\)"):
+        cross_entropy_and_ntl(logits, targets, NT, number_loss="was(max_number_length=2)")
+    with pytest.raises(TypeError, match=r"cross_entropy_and_ntl\(\) no longer takes max_number_length= "
+                                        r".*number_loss=ntl_jax.losses.number_level\(max_number_length=...\)"):
+        cross_entropy_and_ntl(logits, targets, NT, number_loss="was", max_number_length=2)
+    with pytest.raises(ValueError, match=rf"number loss '{name}': expected max_number_length to be an integer >= 1, "
+                                         r"got 0"):
+        fused_cross_entropy_and_ntl(hidden, kernel, targets, NT, number_loss=f"{name}(max_number_length=0)")

@@ -1,6 +1,6 @@
 """`ntl_from_number_logits` (NTL from the number tokens' columns alone, as the MaxText
 integration computes it) equals `number_token_loss` on the whole logits, value and
-gradient, for every kind; tiktoken encodings give their pieces."""
+gradient, for every number loss; tiktoken encodings give their pieces."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ntl_jax
-from ntl_jax._core import variants
+from ntl_jax import losses
 
 PIECES = ["<pad>", "</s>", ".", "a", "-"] + list("0123456789") + ["12", "305"]
 
@@ -24,16 +24,16 @@ def case():
     return numbers, logits, targets, weights
 
 
-@pytest.mark.parametrize("kind", variants.KINDS)
+@pytest.mark.parametrize("kind", losses.NAMES)
 def test_the_columns_give_the_loss_and_gradient_of_the_whole_logits(case, kind):
     numbers, logits, targets, weights = case
     ids = jnp.asarray(numbers.ids)
 
     def whole(logits):
-        return ntl_jax.number_token_loss(logits, targets, numbers, ntl_kind=kind, weights=weights, reduction="sum")
+        return ntl_jax.number_token_loss(logits, targets, numbers, number_loss=kind, weights=weights, reduction="sum")
 
     def columns(number_logits):
-        return ntl_jax.ntl_from_number_logits(number_logits, targets, numbers, ntl_kind=kind, weights=weights,
+        return ntl_jax.ntl_from_number_logits(number_logits, targets, numbers, number_loss=kind, weights=weights,
                                               reduction="sum")
 
     expected, expected_grad = jax.value_and_grad(whole)(logits)
@@ -41,9 +41,9 @@ def test_the_columns_give_the_loss_and_gradient_of_the_whole_logits(case, kind):
     assert float(expected) > 0
     np.testing.assert_allclose(float(value), float(expected), rtol=1e-6)
     np.testing.assert_allclose(grad, expected_grad[..., ids], rtol=1e-5, atol=1e-6)
-    per_position = ntl_jax.ntl_from_number_logits(logits[..., ids], targets, numbers, ntl_kind=kind,
+    per_position = ntl_jax.ntl_from_number_logits(logits[..., ids], targets, numbers, number_loss=kind,
                                                   weights=weights)
-    expected_per_position = ntl_jax.number_token_loss(logits, targets, numbers, ntl_kind=kind, weights=weights)
+    expected_per_position = ntl_jax.number_token_loss(logits, targets, numbers, number_loss=kind, weights=weights)
     np.testing.assert_allclose(per_position, expected_per_position, rtol=1e-5, atol=1e-6)
 
 
@@ -96,12 +96,29 @@ def test_the_byte_alphabet_is_the_one_tokenizers_writes():
 
 def test_number_token_loss_takes_the_number_level_kinds_longest_number(case):
     numbers, logits, targets, weights = case
-    losses = {}
+    got = {}
     for length in (1, 3):
         expected = ntl_jax.number_level_loss(logits, targets, numbers, weights=weights, max_number_length=length)
-        losses[length] = ntl_jax.number_token_loss(logits, targets, numbers, ntl_kind="number_level",
-                                                   weights=weights, max_number_length=length)
-        np.testing.assert_allclose(losses[length], expected)
-    assert not np.allclose(losses[1], losses[3])  # the case has numbers of several digits
-    with pytest.raises(ValueError, match=r"max_number_length to be an integer >= 1, got 0"):
-        ntl_jax.number_token_loss(logits, targets, numbers, ntl_kind="number_level", max_number_length=0)
+        got[length] = ntl_jax.number_token_loss(logits, targets, numbers, weights=weights,
+                                                number_loss=losses.number_level(max_number_length=length))
+        np.testing.assert_allclose(got[length], expected)
+        # The same from the number tokens' columns, and from a spec.
+        np.testing.assert_allclose(ntl_jax.ntl_from_number_logits(
+            logits[..., jnp.asarray(numbers.ids)], targets, numbers, weights=weights,
+            number_loss=f"number_level(max_number_length={length})"), expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(got[1], got[3])  # the case has numbers of several digits
+    with pytest.raises(ValueError, match=r"number loss 'number_level': expected max_number_length to be an integer "
+                                         r">= 1, got 0"):
+        ntl_jax.number_token_loss(logits, targets, numbers, number_loss="number_level(max_number_length=0)")
+    with pytest.raises(TypeError, match=r"no longer takes max_number_length= .*"
+                                        r"number_loss=ntl_jax.losses.number_level\(max_number_length=...\)"):
+        ntl_jax.number_token_loss(logits, targets, numbers, number_loss="number_level", max_number_length=0)
+
+
+def test_the_columns_alone_refuse_reweigh(case):
+    # Reweighing reads the probability off the number tokens: the columns alone lack it.
+    numbers, logits, targets, _ = case
+    with pytest.raises(ValueError, match=r"number loss 'was\(reweigh=true\)': expected reweigh=False from the number "
+                                         r"tokens' logits alone .*got reweigh=True"):
+        ntl_jax.ntl_from_number_logits(logits[..., jnp.asarray(numbers.ids)], targets, numbers,
+                                       number_loss=losses.was(reweigh=True))

@@ -3,7 +3,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ntl_jax import NumberTokens
+from ntl_jax import NumberTokens, losses, number_token_loss
+from ntl_jax._core.variants import squash_distances
 
 PIECES = ["<pad>", "</s>", "12", "-1", "3.5", "07", "▁4", "nan", "inf", "4", ".", "x", "1e3", " 5"]
 
@@ -29,15 +30,28 @@ def test_distance_table_plain_and_squashed():
     np.testing.assert_allclose(nt.distance_table(), np.abs(np.arange(4)[:, None] - np.arange(4)[None]))
     # squash 5: closest wrong (1) costs 1, farthest (3) costs 5, linear between, diagonal 0.
     np.testing.assert_allclose(
-        nt.distance_table(squash_factor=5.0),
+        squash_distances(nt, nt.distance_table(), 5.0),
         [[0, 1, 3, 5], [1, 0, 1, 3], [3, 1, 0, 1], [5, 3, 1, 0]])
+    # NTL-WAS with squash_factor reads these costs: sure of "3", target "0": 5.
+    logits = jnp.log(jax.nn.one_hot(jnp.asarray([[4]]), 5) + 1e-30)
+    got = number_token_loss(logits, jnp.asarray([[1]]), nt, number_loss=losses.was(squash_factor=5.0))
+    np.testing.assert_allclose(got, [[5.0]], rtol=1e-6)
 
 
-@pytest.mark.parametrize("bad,error", [(1.0, ValueError), (0.5, ValueError), ("2", TypeError), (True, TypeError)])
-def test_bad_squash_factor(bad, error):
+@pytest.mark.parametrize("bad,error,message", [
+    (1.0, ValueError, "expected squash_factor finite and > 1, got 1.0"),
+    (0.5, ValueError, "expected squash_factor finite and > 1, got 0.5"),
+    ("2", TypeError, "expected squash_factor to be a Python number, got str '2'"),
+    (True, TypeError, "expected squash_factor to be a Python number, got bool True"),
+])
+def test_bad_squash_factor(bad, error, message):
+    with pytest.raises(error) as info:
+        losses.was(squash_factor=bad)
+    assert str(info.value) == f"number loss 'was': {message}"
+    # The table no longer squashes: NTL-WAS's parameter, not the table's.
     nt = NumberTokens.from_pieces(["a", "0", "1"])
-    with pytest.raises(error, match="squash_factor"):
-        nt.distance_table(squash_factor=bad)
+    with pytest.raises(TypeError, match="squash_factor"):
+        nt.distance_table(squash_factor=3.0)
 
 
 def test_errors_name_the_problem():
@@ -124,7 +138,7 @@ def test_is_a_pytree_usable_inside_jit():
 
     @jax.jit
     def largest_distance(table):
-        return jnp.max(table.distance_table(squash_factor=4.0))
+        return jnp.max(squash_distances(table, table.distance_table(), 4.0))
 
     assert float(largest_distance(nt)) == 4.0
     leaves, treedef = jax.tree_util.tree_flatten(nt)

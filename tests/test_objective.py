@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ntl_jax import NumberTokens
+from ntl_jax import NumberTokens, losses
 from tests.formulation import ntl_jax_under_test as ntl_jax
 
 PIECES = ["<pad>", "</s>", "x", "."] + list("0123456789")
@@ -94,8 +94,8 @@ def test_without_weights_pad_targets_count_unless_the_factor_is_special():
     _, parts = ntl_jax.cross_entropy_and_ntl(LOGITS, TARGETS, NT, weights=TARGETS > 0)
     assert float(parts["weight_sum"]) == 10.0
     doc = " ".join(ntl_jax.cross_entropy_and_ntl.__doc__.split())
-    assert "Padding counts unless you say otherwise." in doc
-    assert "pass `weights=(targets > 0)`" in doc
+    assert "None: every target counts, pads too, unless `loss_normalizing_factor` is a special one" in doc
+    assert "e.g. `targets > 0`" in doc
 
 
 def test_average_per_sequence_packed():
@@ -127,32 +127,59 @@ FACTORS = [None, 100.0, "NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS", "AV
 def test_objective_is_ce_plus_weighted_ntl_with_one_factor(factor, kind):
     weights = jnp.asarray(TARGETS > 0, jnp.float32)
     loss, parts = ntl_jax.cross_entropy_and_ntl(
-        LOGITS, TARGETS, NT, weights=weights, ntl_kind=kind, ntl_weight=0.3, z_loss=1e-4, label_smoothing=0.1,
+        LOGITS, TARGETS, NT, weights=weights, number_loss=kind, ntl_weight=0.3, z_loss=1e-4, label_smoothing=0.1,
         loss_normalizing_factor=factor)
     resolved, w = ntl_jax.loss_normalizing_factor_and_weights(factor, TARGETS, weights)
     ce, z, _ = t5x_cross_entropy_numpy(LOGITS, TARGETS, np.asarray(w), 0.1, 1e-4, resolved)
-    ntl_sum = float(ntl_jax.number_token_loss(LOGITS, TARGETS, NT, ntl_kind=kind, weights=w, reduction="sum"))
-    ntl = ntl_sum / (1.0 if resolved is None else float(resolved))
+    ntl_sum = float(ntl_jax.number_token_loss(LOGITS, TARGETS, NT, number_loss=kind, weights=w, reduction="sum"))
+    ntl_mean = float(ntl_jax.number_token_loss(LOGITS, TARGETS, NT, number_loss=kind, weights=w, reduction="mean"))
+    ntl_term = 0.3 * ntl_sum / (1.0 if resolved is None else float(resolved))
     np.testing.assert_allclose(float(parts["cross_entropy"]), ce - z, rtol=2e-5)
     np.testing.assert_allclose(float(parts["z_loss"]), z, rtol=2e-5)
-    np.testing.assert_allclose(float(parts["ntl"]), ntl, rtol=1e-5)
-    np.testing.assert_allclose(float(loss), ce + 0.3 * ntl, rtol=2e-5)
-    assert ntl > 0
-    # Without NTL the objective is exactly the cross-entropy.
-    ce_only, _ = ntl_jax.cross_entropy_and_ntl(
-        LOGITS, TARGETS, NT, weights=weights, ntl_kind="none", z_loss=1e-4, label_smoothing=0.1,
-        loss_normalizing_factor=factor)
-    np.testing.assert_allclose(float(ce_only), ce, rtol=2e-5)
+    # "ntl" is the weighted mean over the positions the loss counts, whatever the factor;
+    # "ntl_term" what it adds to the loss, divided by the factor as the cross-entropy is.
+    np.testing.assert_allclose(float(parts["ntl"]), ntl_mean, rtol=1e-5)
+    np.testing.assert_allclose(float(parts["ntl"]), ntl_sum / float(parts["ntl_weight_sum"]), rtol=1e-5)
+    np.testing.assert_allclose(float(parts["ntl_term"]), ntl_term, rtol=1e-5)
+    np.testing.assert_allclose(float(loss), ce + ntl_term, rtol=2e-5)
+    np.testing.assert_allclose(float(loss), float(parts["cross_entropy"] + parts["z_loss"] + parts["ntl_term"]),
+                               rtol=1e-6)
+    assert ntl_sum > 0
+    # Without a number loss the objective is exactly the cross-entropy.
+    for none in (None, "none"):
+        ce_only, ce_parts = ntl_jax.cross_entropy_and_ntl(
+            LOGITS, TARGETS, NT, weights=weights, number_loss=none, z_loss=1e-4, label_smoothing=0.1,
+            loss_normalizing_factor=factor)
+        np.testing.assert_allclose(float(ce_only), ce, rtol=2e-5)
+        assert float(ce_parts["ntl"]) == float(ce_parts["ntl_term"]) == float(ce_parts["ntl_weight_sum"]) == 0.0
 
 
 def test_objective_parts_and_errors():
     _, parts = ntl_jax.cross_entropy_and_ntl(LOGITS, TARGETS, NT, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     assert float(parts["weight_sum"]) == 10.0 and float(parts["loss_normalizing_factor"]) == 10.0
     assert float(parts["ntl_weight_sum"]) == 6.0  # "1", "2", "5" and "9", "0", "0"
-    with pytest.raises(ValueError, match="ntl_kind in.*'wass'"):
-        ntl_jax.cross_entropy_and_ntl(LOGITS, TARGETS, NT, ntl_kind="wass")
-    grads = jax.grad(lambda l: ntl_jax.cross_entropy_and_ntl(l, TARGETS, NT, reweigh=True)[0])(LOGITS)
+    with pytest.raises(ValueError, match="number loss in.*got 'wass'"):
+        ntl_jax.cross_entropy_and_ntl(LOGITS, TARGETS, NT, number_loss="wass")
+    reweighed = losses.was(reweigh=True)
+    grads = jax.grad(lambda l: ntl_jax.cross_entropy_and_ntl(l, TARGETS, NT, number_loss=reweighed)[0])(LOGITS)
     assert np.isfinite(np.asarray(grads)).all()
+    # A spec string and the value it names are the same loss.
+    spec = ntl_jax.cross_entropy_and_ntl(LOGITS, TARGETS, NT, number_loss="was(reweigh=true)")[0]
+    value = ntl_jax.cross_entropy_and_ntl(LOGITS, TARGETS, NT, number_loss=losses.was(reweigh=True))[0]
+    assert float(spec) == float(value)
+
+
+@pytest.mark.parametrize("old, new", [
+    (dict(ntl_kind="mse"), "number_loss="), (dict(reweigh=True), r"ntl_jax\.losses\.was\(reweigh=True\)"),
+    (dict(squash_factor=2.0), r"was\(squash_factor=\.\.\.\)"), (dict(max_number_length=3), "number_level"),
+    (dict(smmd_sigma=1.0), r"smmd\(sigma=\.\.\.\)"), (dict(formulation="columns"), "each backend"),
+])
+def test_removed_keywords_name_their_new_form(old, new):
+    (key,) = old
+    for f, args in ((ntl_jax.cross_entropy_and_ntl, (LOGITS,)),
+                    (ntl_jax.fused_cross_entropy_and_ntl, (jnp.ones((2, 7, 3)), jnp.ones((3, V))))):
+        with pytest.raises(TypeError, match=f"no longer takes {key}=.*{new}"):
+            f(*args, TARGETS, NT, **old)
 
 
 def test_label_smoothing_on_a_one_token_vocabulary_is_t5x_s():

@@ -11,11 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ntl_jax import losses
 from tests import ntloss_cases as cases
 from tests.formulation import ntl_jax_under_test as ntl_jax
-
-# The number-level variant by its float_level (ntloss's name for it).
-NUMBER_LEVEL = {False: "number_level", True: "number_level_float"}
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "ntloss_0.3.2.npz"
 STORED = np.load(FIXTURE)
@@ -38,10 +36,8 @@ def ours(kind, options, reduction, weighting, logits=None):
     if kind == "was":
         return ntl_jax.ntl_was(logits, targets, nt, weights=weights, reduction=reduction, **opts)
     if kind == "number_level":
-        kind = NUMBER_LEVEL[opts.pop("float_level")]  # ntloss's option, our variant name
-        return ntl_jax.number_level_loss(logits, targets, nt, weights=weights, ntl_kind=kind, reduction=reduction,
-                                         **opts)
-    return ntl_jax.ntl_dot(logits, targets, nt, weights=weights, ntl_kind=kind, reduction=reduction, **opts)
+        return ntl_jax.number_level_loss(logits, targets, nt, weights=weights, reduction=reduction, **opts)
+    return ntl_jax.ntl_dot(logits, targets, nt, weights=weights, loss_function=kind, reduction=reduction, **opts)
 
 
 @pytest.mark.parametrize("name,kind,options,reduction,weighting", CASES, ids=IDS)
@@ -108,8 +104,9 @@ def _log_cosh(prediction, target):
 @pytest.mark.parametrize("reweigh", [False, True])
 @pytest.mark.parametrize("reduction", cases.REDUCTIONS)
 def test_ntl_dot_takes_a_loss_function_as_ntloss(reweigh, reduction):
-    """`ntl_dot(ntl_kind=f)` against `NTLossDotProduct(loss_function=f)` for log-cosh, jitted,
-    weighted; with reweigh, the ceiling `max(|f(lo, hi)|, |f(hi, lo)|)` as ntloss's."""
+    """`ntl_dot(loss_function=f)` against `NTLossDotProduct(loss_function=f)` for log-cosh,
+    jitted, weighted; with reweigh, the ceiling `max(|f(lo, hi)|, |f(hi, lo)|)` as ntloss's.
+    The same function as the objective's `number_loss=expected_value_loss(f)`."""
     torch = pytest.importorskip("torch")
     ntloss = pytest.importorskip("ntloss")
     nt = ntl_jax.NumberTokens.from_pieces(cases.PIECES)
@@ -118,17 +115,19 @@ def test_ntl_dot_takes_a_loss_function_as_ntloss(reweigh, reduction):
     theirs = ntloss.NTLossDotProduct(cases.hf_tokenizer(), reweigh=reweigh, loss_function=_log_cosh_torch)
     want = theirs(torch.from_numpy(INPUTS["logits"]), torch.from_numpy(targets),
                   loss_weights=torch.from_numpy(weights), reduction=reduction).numpy()
-    run = jax.jit(lambda lg, t, w: ntl_jax.ntl_dot(lg, t, nt, weights=w, ntl_kind=_log_cosh, reweigh=reweigh,
+    run = jax.jit(lambda lg, t, w: ntl_jax.ntl_dot(lg, t, nt, weights=w, loss_function=_log_cosh, reweigh=reweigh,
                                                    reduction=reduction))
     got = run(jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32), jnp.asarray(weights))
     assert float(np.max(np.abs(want))) > 0.1
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
-    # The same function as the objective's ntl_kind: its NTL part is the weighted sum.
-    if reduction == "sum":
+    # The same function as the objective's number loss: its term is lambda times the
+    # weighted sum (no loss-normalising factor), its `ntl` part the weighted mean.
+    if reduction in ("sum", "mean"):
         _, parts = ntl_jax.cross_entropy_and_ntl(
             jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32), nt,
-            weights=jnp.asarray(weights), ntl_kind=_log_cosh, reweigh=reweigh)
-        np.testing.assert_allclose(float(parts["ntl"]), float(want), rtol=1e-5)
+            weights=jnp.asarray(weights), number_loss=losses.expected_value_loss(_log_cosh, reweigh=reweigh))
+        part, scale = ("ntl_term", 0.3) if reduction == "sum" else ("ntl", 1.0)
+        np.testing.assert_allclose(float(parts[part]), scale * float(want), rtol=1e-5)
 
 
 @pytest.mark.parametrize("max_number_length", [1, 2, 3])
@@ -143,21 +142,22 @@ def test_number_level_max_number_length_as_ntloss(max_number_length, float_level
                                     max_number_length=max_number_length)
     want = theirs(torch.from_numpy(INPUTS["logits"]), torch.from_numpy(INPUTS["targets"]), reduction="none").numpy()
     got = ntl_jax.number_level_loss(jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32), nt,
-                                    ntl_kind=NUMBER_LEVEL[float_level], max_number_length=max_number_length,
+                                    float_level=float_level, max_number_length=max_number_length,
                                     reduction="none")
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-6)
     default = ntl_jax.number_level_loss(jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32),
-                                        nt, ntl_kind=NUMBER_LEVEL[float_level], reduction="none")
+                                        nt, float_level=float_level, reduction="none")
     assert not np.allclose(np.asarray(got), np.asarray(default))  # the long run reads differently
 
 
 def test_bad_loss_function_and_max_number_length_are_refused():
     nt = ntl_jax.NumberTokens.from_pieces(cases.PIECES)
     logits, targets = jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32)
-    with pytest.raises(ValueError, match="a function"):
-        ntl_jax.ntl_dot(logits, targets, nt, ntl_kind="rmse")
-    with pytest.raises(ValueError, match="a function"):
-        ntl_jax.ntl_dot(logits, targets, nt, ntl_kind=3)
+    with pytest.raises(ValueError, match="a function.*got 'rmse'"):
+        ntl_jax.ntl_dot(logits, targets, nt, loss_function="rmse")
+    with pytest.raises(ValueError, match="a function.*got 3"):
+        ntl_jax.ntl_dot(logits, targets, nt, loss_function=3)
     for bad in (0, -2, 2.5, True):
-        with pytest.raises(ValueError, match="max_number_length"):
+        with pytest.raises(ValueError, match=rf"number loss 'number_level': expected max_number_length to be an "
+                                             rf"integer >= 1, got {bad!r}"):
             ntl_jax.number_level_loss(logits, targets, nt, max_number_length=bad)

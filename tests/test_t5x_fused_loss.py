@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ntl_jax import losses
 from ntl_jax._core.options import Options
 from ntl_jax.t5x import _loss as t5x_loss
 from tests import xla_flags
@@ -81,8 +82,9 @@ def test_fused_model_equals_the_unfused_model(tied, factor):
     module = TinyDecoder(tied=tied)
     params = _params(module, batch)
     options = dict(module=module, loss_normalizing_factor=factor, label_smoothing=0.1, z_loss=1e-3)
-    unfused = FlaxFakeModel(**options, ntl_kind="number_level", reweigh=True)
-    fused = FlaxFakeModel(**options, ntl_kind="number_level", reweigh=True, fused_loss=True, fused_chunk_size=5)
+    number_loss = losses.number_level(reweigh=True)
+    unfused = FlaxFakeModel(**options, number_loss=number_loss)
+    fused = FlaxFakeModel(**options, number_loss=number_loss, fused_loss=True, fused_chunk_size=5)
     loss_u, metrics_u, grads_u = _loss_and_grads(unfused, params, batch)
     loss_f, metrics_f, grads_f = _loss_and_grads(fused, params, batch)
     np.testing.assert_allclose(loss_f, loss_u, rtol=2e-5)
@@ -150,14 +152,18 @@ def test_model_loss_from_hidden_equals_model_loss():
     hidden = jnp.asarray(rng.normal(size=(3, 10, D_MODEL)), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(D_MODEL, WIDTH)), jnp.float32)
     for factor in FACTORS:
-        want = t5x_loss.model_loss(hidden @ kernel, batch, NT, Options(reweigh=True), loss_normalizing_factor=factor)
-        got = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, Options(reweigh=True),
+        options = Options(number_loss=losses.was(reweigh=True))
+        want = t5x_loss.model_loss(hidden @ kernel, batch, NT, options, loss_normalizing_factor=factor)
+        got = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, options,
                                               loss_normalizing_factor=factor, chunk_size=7)
         np.testing.assert_allclose(got.loss, want.loss, rtol=2e-5)
         np.testing.assert_allclose(got.mask, want.mask)
+        assert got.averages.keys() == want.averages.keys() and got.per_step.keys() == want.per_step.keys()
         for name, (total, count) in want.averages.items():
             np.testing.assert_allclose(got.averages[name][0], total, rtol=2e-5, atol=1e-7, err_msg=name)
             np.testing.assert_allclose(got.averages[name][1], count, err_msg=name)
+        for name, total in want.per_step.items():
+            np.testing.assert_allclose(got.per_step[name], total, rtol=2e-5, atol=1e-7, err_msg=name)
 
 
 @pytest.mark.filterwarnings("ignore:.*with mesh.*:DeprecationWarning")  # as T5X's partitioner runs the step
@@ -279,7 +285,7 @@ def _vocab_parallel_checks():
     # (Every variant, factor and chunk size: tests/test_vocab_parallel.py.)
     cases = {
         "was reweigh smoothing z AVERAGE_PER_SEQUENCE": (
-            Options(reweigh=True, label_smoothing=0.1, z_loss=1e-3),
+            Options(number_loss=losses.was(reweigh=True), label_smoothing=0.1, z_loss=1e-3),
             dict(loss_normalizing_factor="AVERAGE_PER_SEQUENCE", chunk_size=4)),
     }
     for name, (options, arguments) in cases.items():
@@ -324,7 +330,7 @@ def _vocab_parallel_checks():
             mesh, P(None, "model") if "logits_dense" in jax.tree_util.keystr(path) else P())), params)
     batch_on_mesh = {k: jax.device_put(v, NamedSharding(mesh, P("data"))) for k, v in batch.items()}
     options = dict(module=module, fused_loss=True, fused_chunk_size=4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS",
-                   reweigh=True)
+                   number_loss=losses.was(reweigh=True))
 
     def step(model):
         return jax.jit(jax.value_and_grad(model.loss_fn, has_aux=True))

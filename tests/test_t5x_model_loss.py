@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import ntl_jax
+from ntl_jax import losses
 from ntl_jax._core.options import Options
 from ntl_jax.t5x import _loss as t5x_loss
 
@@ -224,7 +225,10 @@ def test_loss_equals_cross_entropy_and_ntl(factor, packed):
     )
     np.testing.assert_allclose(float(out.loss), float(want), rtol=1e-6)
     np.testing.assert_allclose(float(out.z_loss), float(parts["z_loss"]), rtol=1e-6)
-    np.testing.assert_allclose(float(out.per_step["ntl_loss"]), float(parts["ntl"]), rtol=1e-6)
+    np.testing.assert_allclose(float(out.per_step["ntl_term"]), float(parts["ntl_term"]), rtol=1e-6)
+    total, count = out.averages["ntl"]
+    np.testing.assert_allclose(float(total) / float(count), float(parts["ntl"]), rtol=1e-6)
+    np.testing.assert_allclose(float(count), float(parts["ntl_weight_sum"]), rtol=1e-6)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
@@ -301,7 +305,8 @@ def test_empty_batch_gives_zero_not_nan():
     for factor in FACTORS:
         out = loss_of(logits, batch, loss_normalizing_factor=factor)
         assert float(out.loss) == 0.0, factor
-        assert float(out.per_step["ntl_loss"]) == 0.0
+        assert float(out.per_step["ntl_term"]) == 0.0
+        assert [float(x) for x in out.averages["ntl"]] == [0.0, 0.0]  # nothing counted: no NaN in the total
 
 
 def test_targets_outside_the_vocabulary_are_ignored_in_loss_and_factor():
@@ -340,9 +345,11 @@ def test_cross_ent_loss_metric_excludes_the_ntl_term(factor):
     assert int(count) == 30
     # The stock metric (loss - z_loss) would carry 0.7 * NTL.
     stock = float(out.loss - out.z_loss)
-    np.testing.assert_allclose(stock - float(out.per_step["cross_ent_loss"]), 0.7 * float(out.per_step["ntl_loss"]),
+    np.testing.assert_allclose(stock - float(out.per_step["cross_ent_loss"]), float(out.per_step["ntl_term"]),
                                rtol=1e-5)
-    assert float(out.per_step["ntl_loss"]) > 0
+    total, _ = out.averages["ntl"]
+    np.testing.assert_allclose(float(out.per_step["ntl_term"]), 0.7 * float(total) / (lnf or 1.0), rtol=1e-5)
+    assert float(out.per_step["ntl_term"]) > 0
 
 
 @pytest.mark.parametrize("factor", FACTORS, ids=str)
@@ -353,10 +360,12 @@ def test_ntl_metrics_against_numpy(factor):
     weights = np.ones((3, 10)) if weights is None else weights
     was, is_digit = numpy_was(logits, batch["decoder_target_tokens"])
     total = (was * weights).sum()
-    np.testing.assert_allclose(float(out.per_step["ntl_loss"]), total / (lnf or 1.0), rtol=2e-5)
-    per_number_total, per_number_count = out.averages["ntl_loss_per_number_token"]
+    np.testing.assert_allclose(float(out.per_step["ntl_term"]), 0.3 * total / (lnf or 1.0), rtol=2e-5)
+    # `ntl`: the mean over the counted positions, whatever the factor.
+    per_number_total, per_number_count = out.averages["ntl"]
     want_mean = total / weights[is_digit].sum()
     np.testing.assert_allclose(float(per_number_total) / float(per_number_count), want_mean, rtol=2e-5)
+    np.testing.assert_allclose(float(per_number_count), weights[is_digit].sum(), rtol=1e-6)
 
 
 def test_number_abs_error_and_mass_by_hand():
@@ -377,12 +386,12 @@ def test_number_abs_error_and_mass_by_hand():
         np.testing.assert_allclose(float(total) / int(count), want, rtol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("reweigh", [False, True])
-def test_number_metrics_from_the_head_equal_predict_numbers(reweigh):
+@pytest.mark.parametrize("number_loss", [losses.was(), losses.was(reweigh=True)], ids=["was", "was_reweigh"])
+def test_number_metrics_from_the_head_equal_predict_numbers(number_loss):
     batch = make_batch(True, seed=21)
     for scale in (1.0, 60.0):  # large logits too: the mass stays accurate and finite
         logits = make_logits(21) * scale
-        out = loss_of(logits, batch, reweigh=reweigh, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+        out = loss_of(logits, batch, number_loss=number_loss, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
         want = t5x_loss.number_quality_totals(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
                                               NT)
         for name in ("number_abs_error", "number_token_mass"):
@@ -429,7 +438,7 @@ def test_number_metrics_do_not_depend_on_the_factor_or_ntl_weight():
     batch, logits = make_batch(True, seed=12), make_logits(12)
     reference = loss_of(logits, batch)
     for options in (dict(loss_normalizing_factor="AVERAGE_PER_SEQUENCE"), dict(ntl_weight=0.0),
-                    dict(ntl_kind="mse", loss_normalizing_factor=12.0)):
+                    dict(number_loss="mse", loss_normalizing_factor=12.0), dict(number_loss=None)):
         out = loss_of(logits, batch, **options)
         for name in ("number_abs_error", "number_token_mass"):
             np.testing.assert_allclose(np.asarray(out.averages[name]), np.asarray(reference.averages[name]),
@@ -440,19 +449,27 @@ def test_zero_ntl_weight_still_logs_ntl():
     batch, logits = make_batch(True, seed=13), make_logits(13)
     zero = loss_of(logits, batch, ntl_weight=0.0, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     some = loss_of(logits, batch, ntl_weight=0.3, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
-    assert float(zero.per_step["ntl_loss"]) > 0
-    np.testing.assert_allclose(float(zero.per_step["ntl_loss"]), float(some.per_step["ntl_loss"]), rtol=1e-6)
+    mean = lambda out: float(out.averages["ntl"][0]) / float(out.averages["ntl"][1])  # noqa: E731
+    assert mean(zero) > 0
+    np.testing.assert_allclose(mean(zero), mean(some), rtol=1e-6)
+    assert float(zero.per_step["ntl_term"]) == 0.0
     np.testing.assert_allclose(float(zero.loss), float(zero.per_step["cross_ent_loss"]), rtol=1e-6)
-    np.testing.assert_allclose(float(some.loss - zero.loss), 0.3 * float(zero.per_step["ntl_loss"]), rtol=1e-5)
+    np.testing.assert_allclose(float(some.loss - zero.loss), float(some.per_step["ntl_term"]), rtol=1e-5)
+    # The term: 0.3 x the NTL sum over the factor (here the count of weighted targets).
+    factor = float(some.loss_normalizing_factor)
+    np.testing.assert_allclose(float(some.per_step["ntl_term"]), 0.3 * float(zero.averages["ntl"][0]) / factor,
+                               rtol=1e-5)
 
 
-def test_ntl_kind_none_is_cross_entropy_with_number_metrics():
+@pytest.mark.parametrize("none", [None, "none"])
+def test_number_loss_none_is_cross_entropy_with_number_metrics(none):
     batch, logits = make_batch(False, seed=14), make_logits(14)
-    none = loss_of(logits, batch, ntl_kind="none", ntl_weight=0.3)
+    out = loss_of(logits, batch, number_loss=none, ntl_weight=0.3)
     ce_only = loss_of(logits, batch, ntl_weight=0.0)
-    np.testing.assert_allclose(float(none.loss), float(ce_only.loss), rtol=1e-6)
-    assert float(none.per_step["ntl_loss"]) == 0.0
-    np.testing.assert_allclose(np.asarray(none.averages["number_abs_error"]),
+    np.testing.assert_allclose(float(out.loss), float(ce_only.loss), rtol=1e-6)
+    # No number loss: no `ntl` to log (a mean over nothing), no term.
+    assert "ntl" not in out.averages and "ntl_term" not in out.per_step
+    np.testing.assert_allclose(np.asarray(out.averages["number_abs_error"]),
                                np.asarray(ce_only.averages["number_abs_error"]), rtol=1e-6)
 
 
@@ -479,10 +496,11 @@ def test_loss_fn_on_a_fake_base_matches_model_loss(factor):
     loss, metrics = model.loss_fn({"logits": logits}, batch, None)
     out = loss_of(logits, batch, label_smoothing=0.1, z_loss=1e-4, loss_normalizing_factor=factor)
     np.testing.assert_allclose(float(loss), float(out.loss), rtol=1e-6)
-    assert set(metrics) == {"loss", "accuracy", "cross_ent_loss", "ntl_loss", "cross_ent_loss_per_all_target_tokens",
-                            "ntl_loss_per_number_token", "number_abs_error", "number_token_mass"}
-    assert isinstance(metrics["ntl_loss"], FakeAveragePerStep) and isinstance(metrics["number_abs_error"], FakeAverage)
-    np.testing.assert_allclose(value(metrics["ntl_loss"]), float(out.per_step["ntl_loss"]), rtol=1e-6)
+    assert set(metrics) == {"loss", "accuracy", "cross_ent_loss", "ntl_term", "cross_ent_loss_per_all_target_tokens",
+                            "ntl", "number_abs_error", "number_token_mass"}
+    assert isinstance(metrics["ntl_term"], FakeAveragePerStep) and isinstance(metrics["number_abs_error"], FakeAverage)
+    assert isinstance(metrics["ntl"], FakeAverage)  # a mean over the counted positions
+    np.testing.assert_allclose(value(metrics["ntl_term"]), float(out.per_step["ntl_term"]), rtol=1e-6)
     np.testing.assert_allclose(value(metrics["cross_ent_loss"]), float(out.per_step["cross_ent_loss"]), rtol=1e-6)
     for name, (total, count) in out.averages.items():
         np.testing.assert_allclose(value(metrics[name]), float(total) / float(count), rtol=1e-6, err_msg=name)
@@ -564,19 +582,21 @@ def test_gce_and_was_cdf_match_the_float64_reference(factor):
     from tests.test_gce_and_cdf import reference
 
     batch, logits = make_batch(True, seed=23), make_logits(23)
-    out = loss_of(logits, batch, ntl_kind="was_cdf", gce_sigma=1.5, loss_normalizing_factor=factor)
+    # The paper's pairing: NTL-WAS-CDF against the cross-entropy's Gaussian label.
+    out = loss_of(logits, batch, number_loss=losses.was_cdf(sigma=1.5), gce_sigma=1.5, loss_normalizing_factor=factor)
     lnf, weights = t5x_factor_and_weights(factor, batch)
-    want, ce, ntl, _ = reference(logits, batch["decoder_target_tokens"], weights, NT, sigma=1.5, kind="was_cdf",
-                                 factor=lnf)
+    want, ce, ntl, _, ntl_mean = reference(logits, batch["decoder_target_tokens"], weights, NT, sigma=1.5,
+                                           kind="was_cdf", factor=lnf)
     # float32 sums of 30 positions, each a logsumexp over 24 logits or a cumulative sum over 10.
     np.testing.assert_allclose(float(out.loss), want, rtol=2e-6)
     np.testing.assert_allclose(float(out.per_step["cross_ent_loss"]), ce, rtol=2e-6)
-    np.testing.assert_allclose(float(out.per_step["ntl_loss"]), ntl, rtol=2e-6)
+    np.testing.assert_allclose(float(out.per_step["ntl_term"]), 0.3 * ntl, rtol=2e-6)
+    np.testing.assert_allclose(float(out.averages["ntl"][0] / out.averages["ntl"][1]), ntl_mean, rtol=2e-6)
     # The fused head gives the same.
     rng = np.random.default_rng(23)
     hidden = jnp.asarray(rng.normal(size=(3, 10, 5)), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(5, WIDTH)), jnp.float32)
-    options = dict(ntl_kind="was_cdf", gce_sigma=1.5)
+    options = dict(number_loss=losses.was_cdf(sigma=1.5), gce_sigma=1.5)
     fused = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, Options(**options), factor, chunk_size=7)
     unfused = loss_of(jnp.einsum("bld,dv->blv", hidden, kernel), batch, loss_normalizing_factor=factor, **options)
     np.testing.assert_allclose(float(fused.loss), float(unfused.loss), rtol=2e-5)
@@ -584,11 +604,15 @@ def test_gce_and_was_cdf_match_the_float64_reference(factor):
 
 def test_the_model_trains_on_the_gaussian_label():
     batch, logits = make_batch(False, seed=24), make_logits(24)
-    model = fake_model(ntl_kind="was_cdf", gce_sigma=0.8, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    model = fake_model(number_loss="was_cdf(sigma=0.8)", gce_sigma=0.8,
+                       loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     assert model.gce_sigma == 0.8 and fake_model().gce_sigma == 0.0
+    assert model.number_loss is losses.was_cdf(sigma=0.8)  # the spec parsed, to the one value
     loss, metrics = model.loss_fn({"logits": logits}, batch, None)
-    want = loss_of(logits, batch, ntl_kind="was_cdf", gce_sigma=0.8, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
-    plain = loss_of(logits, batch, ntl_kind="was_cdf", loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    want = loss_of(logits, batch, number_loss=losses.was_cdf(sigma=0.8), gce_sigma=0.8,
+                   loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    plain = loss_of(logits, batch, number_loss=losses.was_cdf(sigma=0.8),
+                    loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     assert float(loss) == float(want.loss)
     assert value(metrics["cross_ent_loss"]) == float(want.per_step["cross_ent_loss"])
     assert abs(float(want.loss) - float(plain.loss)) > 1e-3  # the label is smoothed
@@ -598,7 +622,10 @@ def test_number_tokens_come_from_the_output_vocabulary():
     model = fake_model(digit_level=True)
     np.testing.assert_array_equal(model.number_tokens.ids, DIGIT_IDS)
     assert model.number_tokens.vocab_size == VOCAB
-    assert model.ntl_options == {"ntl_weight": 0.3, "ntl_kind": "was", "reweigh": False, "squash_factor": None}
+    assert model.ntl_options == {"ntl_weight": 0.3, "number_loss": "was"}
+    assert model.number_loss is losses.was()
+    assert fake_model(number_loss=None).ntl_options == {"ntl_weight": 0.3, "number_loss": "none"}
+    assert fake_model(number_loss=losses.smmd(mode="mmd")).ntl_options["number_loss"] == "smmd(mode=mmd)"
 
 
 @pytest.mark.parametrize(
@@ -607,21 +634,49 @@ def test_number_tokens_come_from_the_output_vocabulary():
         (dict(ntl_weight=-0.1), ValueError),
         (dict(ntl_weight="0.3"), TypeError),
         (dict(ntl_weight=True), TypeError),
-        (dict(ntl_kind="l2"), ValueError),
-        (dict(reweigh="yes"), TypeError),
+        (dict(number_loss="l2"), ValueError),
+        (dict(number_loss="was(reweigh=yes)"), ValueError),  # a bad value in a spec string
         (dict(digit_level=1), TypeError),
-        (dict(squash_factor=1.0), ValueError),
-        (dict(ntl_kind="mse", squash_factor=2.0), ValueError),
+        (dict(number_loss="was(squash_factor=1.0)"), ValueError),
+        (dict(number_loss="mse(squash_factor=2.0)"), ValueError),
         (dict(gce_sigma=-1.0), ValueError),
         (dict(gce_sigma=float("nan")), ValueError),
         (dict(gce_sigma="1"), TypeError),
         (dict(gce_sigma=1.0, label_smoothing=0.1), ValueError),
-        (dict(ntl_kind="was_cdf", squash_factor=2.0), ValueError),
+        (dict(number_loss="was_cdf(squash_factor=2.0)"), ValueError),
+        (dict(number_loss=lambda prediction, target: prediction - target), TypeError),
+        (dict(number_loss=3), TypeError),
     ],
 )
 def test_bad_options_raise(kwargs, error):
     with pytest.raises(error):
         fake_model(**kwargs)
+
+
+@pytest.mark.parametrize("old, new", [
+    (dict(ntl_kind="mse"), "number_loss= a name"),
+    (dict(squash_factor=2.0), r"number_loss=ntl_jax.losses.was\(squash_factor=...\)"),
+    (dict(reweigh=True), r"number_loss=ntl_jax.losses.was\(reweigh=True\)"),
+    (dict(max_number_length=3), r"number_loss=ntl_jax.losses.number_level\(max_number_length=...\)"),
+    (dict(smmd_mode="mmd"), r"number_loss=ntl_jax.losses.smmd\(mode=...\)"),
+    (dict(smmd_sigma=1.0), r"number_loss=ntl_jax.losses.smmd\(sigma=...\)"),
+    (dict(smmd_alpha=0.5), r"number_loss=ntl_jax.losses.smmd\(alpha=...\)"),
+])
+def test_removed_keywords_name_the_new_form(old, new):
+    (key,) = old
+    with pytest.raises(TypeError, match=rf"FakeNTLModel\(\) no longer takes {key}= \(ntl_jax 0.3.0\); pass {new}"):
+        fake_model(**old)
+
+
+def test_a_table_the_loss_cannot_score_fails_when_the_model_is_made():
+    class TwoValues(FakeVocabulary):
+        vocab_size = 4
+
+        def id_to_piece(self, i):
+            return ["<pad>", "</s>", "0", "1"][i]
+
+    with pytest.raises(ValueError, match="at least 3 distinct values for squash_factor"):
+        FakeNTLModel(vocabulary=TwoValues(), number_loss=losses.was(squash_factor=2.0))
 
 
 def test_a_model_without_metric_classes_says_what_to_set():
@@ -646,8 +701,10 @@ def test_clu_metric_classes_accept_the_totals():
     merged = metrics["number_abs_error"].merge(metrics["number_abs_error"])
     np.testing.assert_allclose(float(merged.compute()), float(metrics["number_abs_error"].compute()), rtol=1e-6)
     out = loss_of(logits, batch, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
-    total, count = out.averages["ntl_loss_per_number_token"]
-    np.testing.assert_allclose(float(metrics["ntl_loss_per_number_token"].compute()), float(total / count), rtol=1e-6)
+    total, count = out.averages["ntl"]
+    np.testing.assert_allclose(float(metrics["ntl"].compute()), float(total / count), rtol=1e-6)
+    merged = metrics["ntl"].merge(metrics["ntl"])  # across steps: the mean over all counted positions
+    np.testing.assert_allclose(float(merged.compute()), float(total / count), rtol=1e-6)
 
 
 def test_importing_the_loss_module_does_not_import_t5x():
@@ -660,34 +717,136 @@ def test_importing_the_loss_module_does_not_import_t5x():
     assert out.strip() == "[]"
 
 
-def test_max_number_length_reaches_the_model_loss():
+def test_number_level_parameters_reach_the_model_loss():
     batch, logits = make_batch(False, seed=25), make_logits(25)
     factor = "NUM_REAL_TARGET_TOKENS"
-    model = fake_model(ntl_kind="number_level", max_number_length=1, loss_normalizing_factor=factor)
+    capped_loss = losses.number_level(max_number_length=1)
+    model = fake_model(number_loss=capped_loss, loss_normalizing_factor=factor)
     loss, metrics = model.loss_fn({"logits": logits}, batch, None)
-    capped = t5x_loss.model_loss(logits, batch, NT, Options(ntl_kind="number_level", max_number_length=1), factor)
-    plain = t5x_loss.model_loss(logits, batch, NT, Options(ntl_kind="number_level"), factor)
+    capped = t5x_loss.model_loss(logits, batch, NT, Options(number_loss=capped_loss), factor)
+    plain = t5x_loss.model_loss(logits, batch, NT, Options(number_loss=losses.number_level()), factor)
     assert float(loss) == float(capped.loss)
-    # The objective's own (the objective's max_number_length is tested against number_level_loss).
-    want, _ = ntl_jax.cross_entropy_and_ntl(logits, batch["decoder_target_tokens"], NT, ntl_kind="number_level",
-                                            weights=batch["decoder_loss_weights"], max_number_length=1,
-                                            loss_normalizing_factor=factor)
+    # The objective's own (the loss's max_number_length is tested against number_level_loss).
+    want, _ = ntl_jax.cross_entropy_and_ntl(logits, batch["decoder_target_tokens"], NT, number_loss=capped_loss,
+                                            weights=batch["decoder_loss_weights"], loss_normalizing_factor=factor)
     np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
     assert abs(float(capped.loss) - float(plain.loss)) > 1e-3  # numbers of 2+ digits: the cap changes it
-    with pytest.raises(ValueError, match="max_number_length applies only to ntl_kind in"):
-        fake_model(ntl_kind="was", max_number_length=3)
+    # The spec of the same loss gives the same model.
+    by_spec = fake_model(number_loss="number_level(max_number_length=1)", loss_normalizing_factor=factor)
+    assert by_spec.number_loss is capped_loss
+    with pytest.raises(ValueError, match="number loss 'was' has no parameter 'max_number_length'"):
+        fake_model(number_loss="was(max_number_length=3)")
 
 
 def test_smmd_options_reach_the_model_loss():
     batch, logits = make_batch(False, seed=27), make_logits(27)
     factor = "NUM_REAL_TARGET_TOKENS"
-    options = dict(ntl_kind="smmd", smmd_mode="mmd", smmd_sigma=1, squash_factor=3)  # gin may bind integers
-    loss, _ = fake_model(loss_normalizing_factor=factor, **options).loss_fn({"logits": logits}, batch, None)
-    want, _ = ntl_jax.cross_entropy_and_ntl(logits, batch["decoder_target_tokens"], NT,
-                                            weights=batch["decoder_loss_weights"], loss_normalizing_factor=factor,
-                                            **options)
-    default, _ = fake_model(ntl_kind="smmd", loss_normalizing_factor=factor).loss_fn({"logits": logits}, batch, None)
+    number_loss = losses.smmd(mode="mmd", sigma=1, squash_factor=3)  # gin may bind integers
+    loss, _ = fake_model(number_loss=number_loss, loss_normalizing_factor=factor).loss_fn({"logits": logits}, batch,
+                                                                                          None)
+    want, _ = ntl_jax.cross_entropy_and_ntl(logits, batch["decoder_target_tokens"], NT, number_loss=number_loss,
+                                            weights=batch["decoder_loss_weights"], loss_normalizing_factor=factor)
+    default, _ = fake_model(number_loss="smmd", loss_normalizing_factor=factor).loss_fn({"logits": logits}, batch,
+                                                                                        None)
     np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
     assert abs(float(loss) - float(default)) > 1e-4
-    with pytest.raises(ValueError, match="smmd_mode applies only to ntl_kind='smmd', got ntl_kind='was'"):
-        fake_model(ntl_kind="was", smmd_mode="mmd")
+    with pytest.raises(ValueError, match="number loss 'was' has no parameter 'mode'"):
+        fake_model(number_loss="was(mode=mmd)")
+
+
+# -- a loss of the user's own ----------------------------------------------------------
+
+
+def _squared_distance(columns, target, number_tokens):  # a function of each number token
+    return jnp.square(columns.value - target.value[..., None])
+
+
+# E_p[(v - y)^2]: the expected squared distance, counted at number targets
+SQUARED_DISTANCE = losses.NumberLoss(
+    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
+    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("factor", FACTORS, ids=str)
+def test_a_loss_of_ones_own_is_the_objective_s(factor, packed):
+    batch, logits = make_batch(packed, seed=28), make_logits(28)
+    options = dict(ntl_weight=0.3, z_loss=1e-4, label_smoothing=0.1)
+    out = loss_of(logits, batch, number_loss=SQUARED_DISTANCE, loss_normalizing_factor=factor, **options)
+    segments = {k: batch[k] for k in ("decoder_segment_ids", "decoder_positions") if k in batch}
+    want, parts = ntl_jax.cross_entropy_and_ntl(
+        logits, batch["decoder_target_tokens"], NT, weights=batch["decoder_loss_weights"],
+        number_loss=SQUARED_DISTANCE, loss_normalizing_factor=factor, **options, **segments)
+    np.testing.assert_allclose(float(out.loss), float(want), rtol=1e-6)
+    np.testing.assert_allclose(float(out.per_step["ntl_term"]), float(parts["ntl_term"]), rtol=1e-6)
+    total, count = out.averages["ntl"]
+    np.testing.assert_allclose(float(total) / float(count), float(parts["ntl"]), rtol=1e-6)
+    # Against the plain formula: sum_j softmax(z)_j (v_j - y)^2 over the digits' logits z.
+    lnf, weights = t5x_factor_and_weights(factor, batch)
+    targets = np.asarray(batch["decoder_target_tokens"])
+    is_digit = (targets >= 5) & (targets <= 14)
+    y = np.where(is_digit, targets - 5, 0)
+    per_position = (numpy_digit_softmax(logits) * np.square(np.arange(10) - y[..., None])).sum(-1)
+    weights = np.ones(targets.shape) if weights is None else weights
+    sums = (np.where(is_digit, per_position, 0.0) * weights).sum()
+    np.testing.assert_allclose(float(total) / float(count), sums / weights[is_digit].sum(), rtol=2e-5)
+    np.testing.assert_allclose(float(out.per_step["ntl_term"]), 0.3 * sums / (lnf or 1.0), rtol=2e-5)
+    # The fused head takes it too.
+    rng = np.random.default_rng(28)
+    hidden = jnp.asarray(rng.normal(size=(3, 10, 5)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(5, WIDTH)), jnp.float32)
+    fused = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, Options(number_loss=SQUARED_DISTANCE),
+                                            factor, chunk_size=7)
+    unfused = loss_of(jnp.einsum("bld,dv->blv", hidden, kernel), batch, number_loss=SQUARED_DISTANCE,
+                      loss_normalizing_factor=factor)
+    np.testing.assert_allclose(float(fused.loss), float(unfused.loss), rtol=2e-5)
+
+
+def test_the_model_takes_a_loss_of_ones_own():
+    batch, logits = make_batch(True, seed=29), make_logits(29)
+    model = fake_model(number_loss=SQUARED_DISTANCE, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    assert model.ntl_options == {"ntl_weight": 0.3, "number_loss": "squared_distance"}
+    loss, metrics = jax.jit(model.loss_fn)({"logits": logits}, batch, None)
+    want = loss_of(logits, batch, number_loss=SQUARED_DISTANCE, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+    np.testing.assert_allclose(float(loss), float(want.loss), rtol=1e-6)
+    np.testing.assert_allclose(value(metrics["ntl"]), float(want.averages["ntl"][0] / want.averages["ntl"][1]),
+                               rtol=1e-6)
+
+
+# -- the pieces the loss is made of ----------------------------------------------------
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("factor", FACTORS, ids=str)
+def test_resolve_weights_is_t5x_s_factor_and_weights(factor, packed):
+    batch = make_batch(packed, seed=30)
+    got_factor, got_weights = t5x_loss.resolve_weights(WIDTH, batch, factor)
+    want_factor, want_weights = t5x_factor_and_weights(factor, batch)
+    np.testing.assert_allclose(np.asarray(got_weights), want_weights, rtol=1e-6)
+    if want_factor is None:
+        assert got_factor is None
+    else:
+        np.testing.assert_allclose(float(got_factor), want_factor, rtol=1e-6)
+    # The same order as the public function's, and what the loss resolves.
+    public = ntl_jax.loss_normalizing_factor_and_weights(
+        factor, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+        decoder_segment_ids=batch.get("decoder_segment_ids"), decoder_positions=batch.get("decoder_positions"))
+    np.testing.assert_allclose(np.asarray(public[1], np.float32), np.asarray(got_weights), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(loss_of(make_logits(30), batch, loss_normalizing_factor=factor).mask),
+                               np.asarray(got_weights), rtol=1e-6)
+
+
+def test_number_quality_totals_are_predict_numbers_at_the_counted_positions():
+    batch, logits = make_batch(False, seed=31), make_logits(31)
+    targets, weights = batch["decoder_target_tokens"], batch["decoder_loss_weights"]
+    totals = t5x_loss.number_quality_totals(logits, targets, weights, NT)
+    value_, mass = ntl_jax.predict_numbers(logits, NT)
+    counted = np.asarray((targets >= 5) & (targets <= 14) & (weights > 0))
+    digit = np.asarray(targets) - 5
+    assert int(totals["number_abs_error"][1]) == int(totals["number_token_mass"][1]) == counted.sum()
+    np.testing.assert_allclose(float(totals["number_abs_error"][0]),
+                               np.abs(np.asarray(value_) - digit)[counted].sum(), rtol=1e-6)
+    np.testing.assert_allclose(float(totals["number_token_mass"][0]), np.asarray(mass)[counted].sum(), rtol=1e-6)
+    # No gradient reaches the logits through the metrics.
+    grad = jax.grad(lambda x: t5x_loss.number_quality_totals(x, targets, weights, NT)["number_abs_error"][0])(logits)
+    assert not np.asarray(grad).any()

@@ -226,16 +226,15 @@ def test_parity_with_ntloss_on_a_llama3_style_tokenizer(parity_setup, kind, opti
     assert nt.num_numbers == (10 if options.get("digit_level", True) else 1111)
     is_number = ~np.isnan(np.asarray(nt.values)[np.maximum(targets, 0)]) & (targets != IGNORE)
     assert is_number.sum() >= 10 and (~is_number & (targets != IGNORE)).sum() >= 10
-    level = "number_level_float" if opts.pop("float_level", False) else "number_level"  # ntloss's option
     for reduction in ("none", "mean"):
         expected = reference(torch.from_numpy(logits), torch.from_numpy(targets), reduction=reduction).numpy()
         args = (jnp.asarray(logits), jnp.asarray(targets, jnp.int32), nt)
         if kind == "was":
             got = ntl_jax.ntl_was(*args, reduction=reduction, **opts)
         elif kind == "number_level":
-            got = ntl_jax.number_level_loss(*args, ntl_kind=level, reduction=reduction, **opts)
+            got = ntl_jax.number_level_loss(*args, reduction=reduction, **opts)  # ntloss's float_level
         else:
-            got = ntl_jax.ntl_dot(*args, ntl_kind=kind, reduction=reduction, **opts)
+            got = ntl_jax.ntl_dot(*args, loss_function=kind, reduction=reduction, **opts)
         got = np.asarray(got, np.float64)
         assert got.shape == expected.shape
         # float32 on both sides, summing over 1,111 number tokens in different orders. MSE of

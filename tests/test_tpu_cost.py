@@ -212,6 +212,35 @@ def test_whole_train_step_costs_at_most_1_percent_more(train_step_process):
     assert max(_ratios(rows).values()) <= tpu_cost.TARGETS["train_step"], _ratios(rows)
 
 
+def test_each_row_names_its_number_loss():
+    """The rows keep their names; each is the `ntl_jax.losses` value it says: "+rw" is
+    `reweigh=True`, "sq5" `squash_factor=5`, and "was_cdf gce_sigma 1" smooths the
+    cross-entropy's label and NTL-WAS-CDF's with the same width 1."""
+    standalone = {name: loss.spec for name, loss in tpu_cost.standalone_losses("t5").items()}
+    assert standalone["+ was"] == "was" and standalone["+ was +rw"] == "was(reweigh=true)"
+    assert standalone["+ was sq5 +rw"] == "was(squash_factor=5.0, reweigh=true)"
+    assert standalone["+ number_level_float +rw"] == "number_level_float(reweigh=true)"
+    assert [name for name in standalone if name.startswith(("+ del", "+ dist2", "+ smmd"))] == [
+        "+ del", "+ dist2", "+ smmd"]  # no largest value to reweigh against
+    assert "+ was sq5" not in tpu_cost.standalone_losses("llama3")  # its values are not 0..9
+
+    def objective(name):
+        options = tpu_cost.with_number_loss(tpu_cost.OBJECTIVE_SETTINGS[name])
+        return {k: v.spec if hasattr(v, "spec") else v for k, v in options.items()}
+
+    assert objective("was (default)") == {}
+    assert objective("was +rw") == {"number_loss": "was(reweigh=true)"}
+    assert objective("was_cdf") == {"number_loss": "was_cdf"}
+    assert objective("was_cdf gce_sigma 1") == {"number_loss": "was_cdf(sigma=1.0)", "gce_sigma": 1.0}
+    assert objective("was gce_sigma 1") == {"gce_sigma": 1.0}
+    assert objective("none (CE only)") == {"number_loss": None}
+    fused = {name: tpu_cost.with_number_loss(options).get("number_loss", "was")
+             for name, options in tpu_cost.FUSED_SETTINGS.items()}
+    assert {k: v if v is None or isinstance(v, str) else v.spec for k, v in fused.items()} == {
+        "none (CE only)": None, "was": "was", "mse": "mse", "number_level": "number_level", "smmd": "smmd",
+        "was +rw": "was(reweigh=true)"}
+
+
 def test_each_row_is_read_against_its_target():
     """The benchmark's verdicts: the objective's "<= 1.00x" to two decimals, the others
     as they are; references and tables without a target get none."""

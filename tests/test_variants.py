@@ -1,10 +1,11 @@
-"""Every number loss against its plain reference (`variants.Variant.reference`: an
+"""Every number loss against its plain reference (`NumberLoss.reference`: an
 explicit softmax over the number columns) in every formulation of the number
 statistics, values and gradients; NTL's successors DEL, DIST² and SMMD against numpy
 references written from their papers and the DEL and SMMD authors' code
 (tests/number_loss_references.py); their place weights, multi-digit tokens, decimal
 points, 16-bit logits, extreme logits, no number token, and the objective."""
 
+import dataclasses
 import functools
 
 import jax
@@ -14,9 +15,9 @@ import pytest
 from jax.test_util import check_grads
 
 import ntl_jax
-from ntl_jax import NumberTokens
+from ntl_jax import NumberTokens, losses
 from ntl_jax._core import digit_runs, variants
-from ntl_jax._core.number_stats import FORMULATIONS
+from ntl_jax._core.number_stats import FORMULATIONS, forced_formulation
 from ntl_jax._core.targets import number_target
 from tests import number_loss_references as ref
 
@@ -30,7 +31,10 @@ WIDE = NumberTokens.from_pieces(
 )
 EXTRA = 3
 B, L = 3, 12
-KINDS = [kind for kind in variants.KINDS]
+KINDS = list(losses.NAMES)
+# Every shipped loss at its defaults, and those whose parameters take another path
+# (squashed distances; a Gaussian label, which reads every number token's probability).
+LOSS_CASES = [losses.parse(kind) for kind in KINDS] + [losses.was(squash_factor=3.0), losses.was_cdf(sigma=1.0)]
 
 
 def inputs(nt, seed, scale=3.0):
@@ -51,28 +55,29 @@ def inputs(nt, seed, scale=3.0):
     return jnp.asarray(logits, jnp.float32), jnp.asarray(targets, jnp.int32), jnp.asarray(weights, jnp.float32)
 
 
-def reference_sum(kind, logits, targets, weights, nt):
+def reference_sum(number_loss, logits, targets, weights, nt):
     """`sum(weight * reference)` over the counted positions, the reference taking the
     number columns of the logits (ignored positions zeroed, as the losses read them)."""
     target = number_target(targets, weights, logits.shape[-1], nt)
     z = jnp.where(target.keep[..., None], jnp.take(logits, jnp.asarray(nt.ids), axis=-1), 0.0)
-    loss, counted = variants.VARIANTS[kind].reference(z, target, nt)
+    loss, counted = number_loss.reference(z, target, nt)
     return jnp.sum(jnp.where(counted, loss * weights, 0.0))
 
 
 @pytest.mark.parametrize("formulation", FORMULATIONS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("number_loss", LOSS_CASES, ids=lambda loss: loss.spec)
 @pytest.mark.parametrize("nt", [DIGITS, WIDE], ids=["digits", "wide"])
-def test_every_variant_equals_its_reference_in_every_formulation(nt, kind, formulation):
-    logits, targets, weights = inputs(nt, seed=KINDS.index(kind))
+def test_every_variant_equals_its_reference_in_every_formulation(nt, number_loss, formulation):
+    logits, targets, weights = inputs(nt, seed=LOSS_CASES.index(number_loss))
 
     def loss(x):
-        return ntl_jax.number_token_loss(x, targets, nt, ntl_kind=kind, weights=weights, reduction="sum",
-                                         formulation=formulation)
+        with forced_formulation(formulation):
+            return ntl_jax.number_token_loss(x, targets, nt, number_loss=number_loss, weights=weights,
+                                             reduction="sum")
 
     value, grad = jax.value_and_grad(loss)(logits)
     clean = jnp.nan_to_num(logits)
-    want, want_grad = jax.value_and_grad(lambda x: reference_sum(kind, x, targets, weights, nt))(clean)
+    want, want_grad = jax.value_and_grad(lambda x: reference_sum(number_loss, x, targets, weights, nt))(clean)
     assert float(want) > 0
     np.testing.assert_allclose(float(value), float(want), rtol=2e-6)
     # float32: the reductions take each entry p_j·(f_j − E f) from sums over the number
@@ -95,7 +100,7 @@ def digit_logits(logits, nt):
 
 def test_del_per_position_matches_the_numpy_reference():
     logits, targets, weights = inputs(DIGITS, seed=3)
-    got = ntl_jax.number_token_loss(logits, targets, DIGITS, ntl_kind="del", weights=weights)
+    got = ntl_jax.number_token_loss(logits, targets, DIGITS, number_loss="del", weights=weights)
     target = number_target(targets, weights, logits.shape[-1], DIGITS)
     strings = [[PIECES[t] if 0 <= t < len(PIECES) and w > 0 else None for t, w in zip(row, wrow)]
                for row, wrow in zip(np.asarray(targets), np.asarray(weights))]
@@ -113,7 +118,7 @@ def test_del_hand_computed_values():
     logits = np.zeros((1, 3, len(PIECES)), np.float32)
     logits[0, 1, PIECES.index("4")] = np.log(9.0)
     targets = jnp.asarray([[PIECES.index("x"), PIECES.index("4"), PIECES.index("5")]])
-    got = ntl_jax.number_token_loss(jnp.asarray(logits), targets, DIGITS, ntl_kind="del")
+    got = ntl_jax.number_token_loss(jnp.asarray(logits), targets, DIGITS, number_loss="del")
     np.testing.assert_allclose(np.asarray(got)[0], [0.0, 4 * 0.5 * np.log(20 / 9), 2 * np.log(2)], rtol=1e-6)
 
 
@@ -155,7 +160,7 @@ def test_place_weights_of_multi_digit_tokens():
 @pytest.mark.parametrize("nt", [DIGITS, WIDE], ids=["digits", "wide"])
 def test_dist2_matches_the_numpy_reference(nt):
     logits, targets, weights = inputs(nt, seed=5)
-    got = ntl_jax.number_token_loss(logits, targets, nt, ntl_kind="dist2", weights=weights)
+    got = ntl_jax.number_token_loss(logits, targets, nt, number_loss="dist2", weights=weights)
     target = number_target(targets, weights, logits.shape[-1], nt)
     z = np.asarray(jnp.nan_to_num(logits), np.float64)[..., np.asarray(nt.ids)]
     want = ref.dist2_per_position(z, np.asarray(nt.number_values), np.asarray(target.value))
@@ -172,7 +177,7 @@ def test_dist2_hand_computed_values():
     for d in range(10):
         logits[0, 1, PIECES.index(str(d))] = np.log(q[d])
     targets = jnp.asarray([[PIECES.index("4"), PIECES.index("4")]])
-    got = ntl_jax.number_token_loss(jnp.asarray(logits), targets, DIGITS, ntl_kind="dist2")
+    got = ntl_jax.number_token_loss(jnp.asarray(logits), targets, DIGITS, number_loss="dist2")
     np.testing.assert_allclose(np.asarray(got)[0], [1.231137, 0.0], atol=2e-6)
 
 
@@ -200,17 +205,17 @@ def smmd_reference(logits, targets, weights, pieces, **options):
     return np.where(keep & counted, loss * np.asarray(weights), 0.0)
 
 
-SMMD_OPTIONS = [dict(), dict(smmd_mode="mmd"), dict(smmd_mode="smooth"),
-                dict(smmd_sigma=0.7, squash_factor=3.0, smmd_alpha=0.4)]
+# `ntl_jax.losses.smmd`'s parameters, which the reference takes by the same names.
+SMMD_OPTIONS = [dict(), dict(mode="mmd"), dict(mode="smooth"), dict(sigma=0.7, squash_factor=3.0, alpha=0.4)]
 
 
 @pytest.mark.parametrize("options", SMMD_OPTIONS, ids=["default", "mmd", "smooth", "sigma-squash-alpha"])
 @pytest.mark.parametrize("name", ["digits", "llama"])
 def test_smmd_matches_the_authors_reference(name, options):
     nt, pieces, logits, targets, weights = smmd_inputs(name, seed=19)
-    got = ntl_jax.number_token_loss(logits, targets, nt, ntl_kind="smmd", weights=weights, **options)
-    want = smmd_reference(logits, targets, weights, pieces,
-                          **{k.removeprefix("smmd_"): v for k, v in options.items()})
+    number_loss = losses.smmd(**options)
+    got = ntl_jax.number_token_loss(logits, targets, nt, number_loss=number_loss, weights=weights)
+    want = smmd_reference(logits, targets, weights, pieces, **options)
     assert np.count_nonzero(want) > 10
     if name == "llama":  # off the support: not counted
         assert not np.any(np.asarray(got)[0, :5])
@@ -218,11 +223,13 @@ def test_smmd_matches_the_authors_reference(name, options):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=2e-6)
     # Under `jit` the kernel is built on the host for the table as a closure constant, and
     # in the program for a traced one (the table an argument).
-    jitted = jax.jit(lambda x: ntl_jax.number_token_loss(x, targets, nt, ntl_kind="smmd", weights=weights,
-                                                         **options))(logits)
-    traced = jax.jit(lambda x, table: ntl_jax.number_token_loss(x, targets, table, ntl_kind="smmd",
-                                                                weights=weights, **options))(logits, nt)
-    for other in (jitted, traced):
+    jitted = jax.jit(lambda x: ntl_jax.number_token_loss(x, targets, nt, number_loss=number_loss,
+                                                         weights=weights))(logits)
+    traced = jax.jit(lambda x, table: ntl_jax.number_token_loss(x, targets, table, number_loss=number_loss,
+                                                                weights=weights))(logits, nt)
+    # The same loss written as a spec.
+    spec = ntl_jax.number_token_loss(logits, targets, nt, number_loss=number_loss.spec, weights=weights)
+    for other in (jitted, traced, spec):
         np.testing.assert_allclose(np.asarray(other), want, rtol=1e-5, atol=2e-6)
 
 
@@ -233,7 +240,7 @@ def test_smmd_gradient_matches_the_authors_reference(name):
     position (on the LLaMA-like table a sample of columns, those off the support too)."""
     nt, pieces, logits, targets, weights = smmd_inputs(name, seed=23)
     logits = jnp.nan_to_num(logits)
-    grad = jax.grad(lambda x: ntl_jax.number_token_loss(x, targets, nt, ntl_kind="smmd", weights=weights,
+    grad = jax.grad(lambda x: ntl_jax.number_token_loss(x, targets, nt, number_loss="smmd", weights=weights,
                                                         reduction="sum"))(logits)
     vocab = logits.shape[-1]
     columns = np.arange(vocab)
@@ -311,7 +318,7 @@ def test_smmd_hand_computed_at_point_masses():
     mmd = 2 - 2 * kernel[0]
     smooth = np.where(k > 0, degree[0] + degree - 2 + 2 * kernel[0], 0.0)
     for mode, want in (("mmd", mmd), ("smooth", alpha * smooth), ("smmd", mmd + alpha * smooth)):
-        got = ntl_jax.number_token_loss(jnp.asarray(logits), targets, DIGITS, ntl_kind="smmd", smmd_mode=mode)
+        got = ntl_jax.number_token_loss(jnp.asarray(logits), targets, DIGITS, number_loss=losses.smmd(mode=mode))
         np.testing.assert_allclose(np.asarray(got)[0], want, rtol=1e-5, atol=1e-6)
     assert np.all(np.diff(mmd) > 0)
 
@@ -322,7 +329,7 @@ def test_smmd_hand_computed_at_point_masses():
 @pytest.mark.parametrize("kind", ["del", "dist2", "smmd"])
 def test_gradients_match_finite_differences(kind):
     logits, targets, weights = inputs(DIGITS, seed=7, scale=1.0)
-    f = functools.partial(ntl_jax.number_token_loss, targets=targets, number_tokens=DIGITS, ntl_kind=kind,
+    f = functools.partial(ntl_jax.number_token_loss, targets=targets, number_tokens=DIGITS, number_loss=kind,
                           weights=weights, reduction="mean")
     check_grads(f, (jnp.nan_to_num(logits),), order=1, modes=["rev", "fwd"], atol=2e-2, rtol=2e-2)
 
@@ -335,8 +342,8 @@ def test_16_bit_logits_compute_in_float32(kind, dtype, formulation):
     low = jnp.nan_to_num(logits).astype(dtype)
 
     def f(x):
-        return ntl_jax.number_token_loss(x, targets, DIGITS, ntl_kind=kind, weights=weights, reduction="sum",
-                                         formulation=formulation)
+        with forced_formulation(formulation):
+            return ntl_jax.number_token_loss(x, targets, DIGITS, number_loss=kind, weights=weights, reduction="sum")
 
     value, grad = jax.value_and_grad(f)(low)
     want, want_grad = jax.value_and_grad(f)(low.astype(jnp.float32))
@@ -353,8 +360,9 @@ def test_finite_at_extreme_logits(kind, scale):
     logits, targets, weights = inputs(DIGITS, seed=11)
     extreme = jnp.sign(jnp.nan_to_num(logits)) * scale
     for formulation in FORMULATIONS:
-        value, grad = jax.value_and_grad(lambda x: ntl_jax.number_token_loss(
-            x, targets, DIGITS, ntl_kind=kind, weights=weights, reduction="mean", formulation=formulation))(extreme)
+        with forced_formulation(formulation):
+            value, grad = jax.value_and_grad(lambda x: ntl_jax.number_token_loss(
+                x, targets, DIGITS, number_loss=kind, weights=weights, reduction="mean"))(extreme)
         assert np.isfinite(float(value)) and np.isfinite(np.asarray(grad)).all()
 
 
@@ -363,12 +371,20 @@ def test_no_number_token_gives_exact_zero_and_reweigh_is_refused(kind):
     logits, _, _ = inputs(DIGITS, seed=13)
     targets = jnp.full((B, L), PIECES.index("x"))
     value, grad = jax.value_and_grad(lambda x: ntl_jax.number_token_loss(
-        x, targets, DIGITS, ntl_kind=kind, reduction="mean"))(jnp.nan_to_num(logits))
+        x, targets, DIGITS, number_loss=kind, reduction="mean"))(jnp.nan_to_num(logits))
     assert float(value) == 0.0 and not np.any(np.asarray(grad))
-    with pytest.raises(ValueError, match="expected reweigh=False with ntl_kind="):
-        ntl_jax.number_token_loss(logits, targets, DIGITS, ntl_kind=kind, reweigh=True)
-    with pytest.raises(ValueError, match="expected reweigh=False with ntl_kind="):
-        ntl_jax.cross_entropy_and_ntl(logits, targets, DIGITS, ntl_kind=kind, reweigh=True)
+    # No largest value to charge: the constructor has no reweigh, a spec may not name it,
+    # and a NumberLoss made with it is refused.
+    constructor = losses.LOSSES[kind]
+    with pytest.raises(TypeError, match=rf"{constructor.__name__}\(\) got an unexpected keyword argument 'reweigh'"):
+        constructor(reweigh=True)
+    with pytest.raises(ValueError, match=rf"number loss '{kind}' has no parameter 'reweigh'"):
+        ntl_jax.number_token_loss(logits, targets, DIGITS, number_loss=f"{kind}(reweigh=true)")
+    with pytest.raises(ValueError, match=rf"number loss '{kind}': expected reweigh=False \(the loss has no largest "
+                                         r"value.*got reweigh=True"):
+        dataclasses.replace(constructor(), reweigh=True)
+    with pytest.raises(TypeError, match=r"no longer takes reweigh= .*number_loss=ntl_jax.losses.was\(reweigh=True\)"):
+        ntl_jax.cross_entropy_and_ntl(logits, targets, DIGITS, number_loss=kind, reweigh=True)
 
 
 @pytest.mark.parametrize("kind", ["del", "dist2", "smmd"])
@@ -379,13 +395,20 @@ def test_objective_and_fused_head(kind):
     hidden = jnp.asarray(rng.standard_normal((B, L, 8)), jnp.float32)
     kernel = jnp.asarray(rng.standard_normal((8, len(PIECES) + EXTRA)), jnp.float32)
     _, targets, weights = inputs(DIGITS, seed=17)
-    options = dict(ntl_kind=kind, weights=weights, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", z_loss=1e-4)
+    options = dict(number_loss=kind, weights=weights, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", z_loss=1e-4)
     loss, parts = ntl_jax.cross_entropy_and_ntl(hidden @ kernel, targets, DIGITS, **options)
-    per_token = ntl_jax.number_token_loss(hidden @ kernel, targets, DIGITS, ntl_kind=kind, weights=weights,
+    per_token = ntl_jax.number_token_loss(hidden @ kernel, targets, DIGITS, number_loss=kind, weights=weights,
                                           reduction="sum")
-    np.testing.assert_allclose(float(parts["ntl"]), float(per_token) / float(parts["loss_normalizing_factor"]),
-                               rtol=1e-6)
+    mean = ntl_jax.number_token_loss(hidden @ kernel, targets, DIGITS, number_loss=kind, weights=weights,
+                                     reduction="mean")
+    # Its term: lambda x the sum over the factor; its `ntl` part: the weighted mean.
+    np.testing.assert_allclose(float(parts["ntl_term"]),
+                               0.3 * float(per_token) / float(parts["loss_normalizing_factor"]), rtol=1e-6)
+    np.testing.assert_allclose(float(parts["ntl"]), float(mean), rtol=1e-6)
+    np.testing.assert_allclose(float(parts["ntl"]) * float(parts["ntl_weight_sum"]), float(per_token), rtol=1e-6)
     assert float(parts["ntl"]) > 0
+    np.testing.assert_allclose(float(loss), float(parts["cross_entropy"] + parts["z_loss"] + parts["ntl_term"]),
+                               rtol=1e-6)
     grads = jax.grad(lambda h, k: ntl_jax.cross_entropy_and_ntl(h @ k, targets, DIGITS, **options)[0],
                      argnums=(0, 1))(hidden, kernel)
     fused_loss, fused_grads = jax.value_and_grad(

@@ -69,6 +69,9 @@ def test_every_variant_over_2_4_and_8_vocabulary_shards(results, request):
     # every option set over 4 shards, three over 8, and over 2 three (every one with --long)
     over_2 = len(OPTIONS) if request.config.getoption("--long") else 3
     assert len(rows) == len(OPTIONS) + 3 + over_2
+    # Over 4 shards every option set, a loss a user writes (`SQUARED_DISTANCE`) among them.
+    assert sorted(row["name"] for row in rows if row["shards"] == 4) == sorted(OPTIONS)
+    assert "squared_distance" in OPTIONS
     for row in rows:
         assert row["error"] <= RTOL, row
 

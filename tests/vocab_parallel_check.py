@@ -18,8 +18,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl  # noqa: E402
-from ntl_jax._core import objective  # noqa: E402
+from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl, losses  # noqa: E402
+from ntl_jax._core import pipeline  # noqa: E402
 from ntl_jax._core.fused import head_stats_from_hidden  # noqa: E402
 from ntl_jax._core.options import Options  # noqa: E402
 from ntl_jax._core.targets import number_target  # noqa: E402
@@ -119,7 +119,7 @@ def check_equal_to_one_device():
         # Each factor packed or not in turn (pytest --long: both).
         for i, factor in enumerate(FACTORS if shards == 4 else ()):
             for segments in ({}, packed) if every_count else (packed if i % 2 else {},):
-                options = dict(loss_normalizing_factor=factor, reweigh=True, **segments)
+                options = dict(loss_normalizing_factor=factor, number_loss=losses.was(reweigh=True), **segments)
                 want = value_and_grads(None, hidden, kernel, targets, weights, **options)
                 got = value_and_grads(mesh, hidden, kernel, targets, weights, **options)
                 report(check="factor", shards=shards, name=f"{factor} {'packed' if segments else 'unpacked'}",
@@ -176,10 +176,10 @@ def check_bfloat16_and_the_argmax():
     kernel = kernel.at[:, 90].set(kernel[:, 10])
 
     def top(shards):
-        options = Options(ntl_kind="none")
+        options = Options(number_loss=None)
         target = number_target(targets, weights, VOCAB, NT, gce_sigma=options.gce_sigma)
-        return head_stats_from_hidden(hidden, kernel, target, NT, objective.number_reads(options, with_value=True),
-                                      label_smoothing=options.label_smoothing, reweigh=options.reweigh,
+        return head_stats_from_hidden(hidden, kernel, target, NT, pipeline.reads(options.number_loss, with_value=True),
+                                      label_smoothing=options.label_smoothing, with_masses=False,
                                       chunk_size=CHUNK, with_top=True, shards=shards)[1]
 
     sharded = jax.jit(lambda: top(vocab_shards("model", mesh, VOCAB, B)))()

@@ -16,17 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ntl_jax._core import variants
 from ntl_jax._core.compat import is_traced
 from ntl_jax._core.normalization import special_factor
-from ntl_jax._core.number_stats import FORMULATIONS
-
-# The table's own checks, with the table (its `distance_table` runs them too).
-from ntl_jax._core.number_tokens import NumberTokens, check_squash_factor  # noqa: F401
+from ntl_jax._core.number_tokens import NumberTokens
 
 REDUCTIONS = ("none", "sum", "mean")
-# The kinds that take `squash_factor`: NTL-WAS's distances, SMMD's kernel's.
-SQUASHED_KINDS = ("was", "smmd")
 # At most this many offending targets are named in `check_targets`' eager error.
 _SHOWN_TARGETS = 5
 
@@ -359,65 +353,12 @@ def check_cross_entropy_inputs(logits, targets, weights, *, label_smoothing, z_l
     return check_weights(weights, jnp.shape(targets))
 
 
-def check_max_number_length(max_number_length) -> int:
-    if isinstance(max_number_length, bool) or not isinstance(max_number_length, numbers.Integral) \
-            or max_number_length < 1:
-        raise ValueError(f"expected max_number_length to be an integer >= 1, got {max_number_length!r}")
-    return int(max_number_length)
-
-
 def check_number_tokens(number_tokens) -> None:
     if not isinstance(number_tokens, NumberTokens):
         raise TypeError(f"expected number_tokens to be a NumberTokens, got {type(number_tokens).__name__}")
-
-
-def check_kind(kind, squash_factor=None, name: str = "ntl_kind") -> None:
-    """Raises ValueError unless `kind` names a variant, is a `Variant` or a loss
-    function `(prediction, target) -> loss` (and `squash_factor` suits it)."""
-    expected = f"expected {name} in {variants.KINDS} or a function (prediction, target) -> loss, got {kind!r}"
-    if isinstance(kind, str):
-        if kind not in variants.VARIANTS:
-            raise ValueError(expected)
-    elif not (isinstance(kind, variants.Variant) or callable(kind)):
-        raise ValueError(expected)
-    if squash_factor is not None and kind not in SQUASHED_KINDS:
-        raise ValueError(f"squash_factor applies only to {name} in {SQUASHED_KINDS}, got {name}={kind!r}")
-
-
-def check_smmd_options(kind, smmd_mode=None, smmd_sigma=None, smmd_alpha=None, name: str = "ntl_kind") -> None:
-    """Raises unless SMMD's options are None (the authors' defaults) or valid, and given
-    only with `kind="smmd"`: `smmd_mode` one of `variants.SMMD_MODES`, `smmd_sigma` > 0,
-    `smmd_alpha` >= 0 (Python numbers: they build the kernel on the host)."""
-    given = [option for option, value in (("smmd_mode", smmd_mode), ("smmd_sigma", smmd_sigma),
-                                          ("smmd_alpha", smmd_alpha)) if value is not None]
-    if given and kind != "smmd":
-        raise ValueError(f"{', '.join(given)} applies only to {name}='smmd', got {name}={kind!r}")
-    if smmd_mode is not None and smmd_mode not in variants.SMMD_MODES:
-        raise ValueError(f"expected smmd_mode in {variants.SMMD_MODES}, got {smmd_mode!r}")
-    for option, value, low_inclusive in (("smmd_sigma", smmd_sigma, False), ("smmd_alpha", smmd_alpha, True)):
-        if value is None:
-            continue
-        if is_traced(value) or hasattr(value, "shape"):
-            raise TypeError(f"expected {option} to be a Python number, got {type(value).__name__}")
-        check_real(option, value, low=0.0, low_inclusive=low_inclusive)
-
-
-def check_formulation(formulation) -> None:
-    if formulation != "auto" and formulation not in FORMULATIONS:
-        raise ValueError(f"expected formulation 'auto' or one of {FORMULATIONS}, got {formulation!r}")
 
 
 def check_loss_normalizing_factor(loss_normalizing_factor) -> None:
     """Raises unless the factor is None, a finite number > 0, or names a special factor."""
     if special_factor(loss_normalizing_factor) is None:
         check_normalizing_factor_number(loss_normalizing_factor)
-
-
-def check_objective(number_tokens: NumberTokens, options, targets, loss_normalizing_factor, decoder_segment_ids,
-                    decoder_positions) -> None:
-    """The objective's checks beyond its arrays' (`options` was checked when made): the
-    table against the options, the factor and the packing features."""
-    if options.squash_factor is not None and options.ntl_kind == "was":
-        number_tokens.check_squashable()
-    check_segments(targets, decoder_segment_ids, decoder_positions)
-    check_loss_normalizing_factor(loss_normalizing_factor)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 # ntloss's NumberLevelLoss precomputes powers of ten up to this many digits.
-MAX_NUMBER_LENGTH = 20
+MAX_PLACES = 20
 
 
 def _shift_right(x, fill):
@@ -35,7 +35,7 @@ def _suffix_sums(x, ends):
 
 
 def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_counts=None, opens=None,
-                    max_number_length=None):
+                    max_places=None):
     """Joins runs of number tokens into numbers, placing each number at its first token.
 
     The vectorised twin of ntloss's `NumberLevelLoss.convert_digits_to_numbers`: a run
@@ -49,8 +49,8 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
     and "12", "007" read 12007 (leading zeros count). A number token that writes no
     plain digits (count 0: "-1", "3.5", "1e3") is a number of its own: it breaks runs on
     both sides and is its own value, since a sign, point or exponent has no place in a
-    run of digits. Places beyond `10^(max_number_length - 1)` are clipped to it, as
-    ntloss's powers of ten (its default `max_number_length` 20: 10^19).
+    run of digits. Places beyond `10^(max_places - 1)` are clipped to it, as
+    ntloss's powers of ten (20 places by default: 10^19).
 
     Args:
       is_digit: `[batch, length]` bool, the number-token positions.
@@ -61,7 +61,7 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
         (`NumberTarget.digits`), or None for single-digit tokens (1 at every number).
       opens: `[batch, length]` bool, True where a target begins a new number whatever
         precedes it (a space-marked piece such as "Ġ12"), or None for none.
-      max_number_length: the most places a number has (None: ntloss's 20); the digits
+      max_places: the most places a number has (None: ntloss's 20); the digits
         of a longer number all take the highest place.
 
     Returns:
@@ -90,7 +90,7 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
     # element), restarting after each number's last token.
     ends = _shift_left(starts | ~in_number, True)
     # Exponent of each token: how many digits of its number come after it.
-    places = MAX_NUMBER_LENGTH if max_number_length is None else max_number_length
+    places = MAX_PLACES if max_places is None else max_places
     exponent = jnp.clip(_suffix_sums(counts, ends) - counts, 0, places - 1)
     contribution = jnp.where(joins, digit_values * (10.0 ** exponent.astype(jnp.float32)), 0.0)
     numbers = jnp.where(starts, _suffix_sums(contribution, ends), jnp.where(alone, digit_values, 0.0))

@@ -3,7 +3,7 @@ the `[batch, length, vocab]` logits.
 
 Every term of the objective needs only a few numbers per position (`HeadStats`): the
 log-normaliser, the target's logit, the sum of the logits (label smoothing), the number
-tokens' logits, and, to reweigh, the log-normaliser over the non-number tokens. The
+tokens' logits, and, for the number mass, the log-normaliser over the non-number tokens. The
 number tokens' logits and the target's logit are small products computed directly;
 the log-normaliser over the rest of the vocabulary is streamed over vocabulary chunks
 of `[batch * length, chunk]`, and its custom gradient recomputes each chunk's logits in
@@ -278,7 +278,7 @@ _vocab_stats.defvjp(_vocab_stats_fwd, _vocab_stats_bwd)
 
 
 def head_stats_from_hidden(hidden, kernel, target: NumberTarget, number_tokens: NumberTokens,
-                           reads: NumberReads | None, *, label_smoothing: float = 0.0, reweigh: bool = False,
+                           reads: NumberReads | None, *, label_smoothing: float = 0.0, with_masses: bool = False,
                            chunk_size=None, with_top: bool = False,
                            shards: vocab_parallel.VocabShards | None = None):
     """`(HeadStats, top_ids)` of the logits `hidden @ kernel` (checked), streamed over
@@ -316,7 +316,7 @@ def head_stats_from_hidden(hidden, kernel, target: NumberTarget, number_tokens: 
     rest_lse = rest_lse.reshape(shape)
     log_normalizer = jnp.logaddexp(number_lse, rest_lse)
     masses = None
-    if reweigh:
+    if with_masses:
         masses = (jnp.exp(number_lse - log_normalizer), jnp.exp(rest_lse - log_normalizer))
     head = HeadStats(
         log_normalizer=log_normalizer,

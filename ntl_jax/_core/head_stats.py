@@ -34,7 +34,7 @@ class HeadStats(NamedTuple):
     - `logit_sum`: the sum of the logits over the vocabulary (label smoothing only, else None);
     - `numbers`: the number tokens' statistics (`NumberStats`), or None (cross-entropy only);
     - `masses`: `(mass, rest)`, the probability on number tokens and on the others
-      (`reweigh` only, else None).
+      (`with_masses` only, else None).
     """
 
     log_normalizer: jax.Array
@@ -45,20 +45,19 @@ class HeadStats(NamedTuple):
 
 
 def from_logits(logits, target: NumberTarget, number_tokens: NumberTokens, reads: NumberReads | None, *,
-                label_smoothing: float = 0.0, reweigh: bool = False, formulation: str = "auto") -> HeadStats:
+                label_smoothing: float = 0.0, with_masses: bool = False) -> HeadStats:
     """`HeadStats` of checked logits (any float dtype) at the positions `target.keep`:
     the number statistics `reads` (None: none, cross-entropy only), the logit sum with
-    `label_smoothing`, the masses with `reweigh` (from the same sums as the
+    `label_smoothing`, the masses with `with_masses` (from the same sums as the
     log-normaliser)."""
     logits = jnp.asarray(logits)
     wide = logits.astype(jnp.float32)
     keep = target.keep
     numbers = None
     if reads is not None:
-        numbers = number_stats.number_stats(wide, target, number_tokens, reads, formulation=formulation,
-                                            logits=logits)
+        numbers = number_stats.number_stats(wide, target, number_tokens, reads, logits=logits)
     masses = None
-    if reweigh:
+    if with_masses:
         log_normalizer, masses = _number_mass(wide, numbers, keep, logits)
         log_normalizer = jnp.where(keep, log_normalizer, 0.0)
     else:

@@ -44,9 +44,9 @@ def special_factor(factor: Any) -> LossNormalizingFactor | None:
         ) from None
 
 
-def resolve_weights_and_factor(targets, weights, vocab: int, loss_normalizing_factor, *,
-                               decoder_segment_ids=None, decoder_positions=None):
-    """`(weights, factor)` for checked inputs, as every objective uses them: targets
+def factor_and_weights(targets, weights, vocab: int, loss_normalizing_factor, *,
+                       decoder_segment_ids=None, decoder_positions=None):
+    """`(factor, weights)` for checked inputs, as every objective uses them: targets
     outside the vocabulary weighted 0 before anything is counted, then T5X's resolution
     of the factor; a special factor that comes out 0 (nothing counted) becomes 1, so
     every sum is 0 rather than NaN. `weights` comes out float32 `[batch, length]`."""
@@ -58,7 +58,7 @@ def resolve_weights_and_factor(targets, weights, vocab: int, loss_normalizing_fa
                                decoder_positions)
     if special is not None:
         factor = max(factor, 1) if isinstance(factor, int) else jnp.where(factor > 0, factor, 1.0)
-    return weights, factor
+    return factor, weights
 
 
 def _sum_weights_per_segment(positions, segment_ids, weights):

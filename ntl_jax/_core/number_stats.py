@@ -25,13 +25,15 @@ moves:
   gradient. On the TPU a gather of columns, or the scatter of their gradient, is a pass
   over the logits of its own; this way NTL adds none.
 
-`formulation="auto"` picks per backend with `jax.lax.platform_dependent`: columns on the
-CPU, gathered on GPUs, reductions elsewhere (the TPU). The measurements behind each
-choice are in docs/performance.md.
+Each backend takes its own with `jax.lax.platform_dependent`: columns on the CPU,
+gathered on GPUs, reductions elsewhere (the TPU). The measurements behind each choice are
+in docs/performance.md. Tests and benchmarks compute one formulation on every backend
+inside `with forced_formulation(name):`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable, NamedTuple
 
@@ -44,6 +46,8 @@ from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.targets import NumberTarget, number_ranks
 
 FORMULATIONS = ("columns", "gathered", "reductions")
+# The formulation every backend takes, "auto" for each its own (`forced_formulation`).
+_forced = ["auto"]
 # For `probs` (or `columns`) the reductions path takes each number token's column as a masked sum over
 # the vocabulary (its gradient a select), each adding a compare, a select and an add
 # per element of the logits; beyond this many number tokens it gathers the columns.
@@ -117,14 +121,30 @@ class NumberStats(NamedTuple):
         return self.shift + jnp.log(self.exp_sum)
 
 
+@contextlib.contextmanager
+def forced_formulation(formulation: str):
+    """Inside the block, the number statistics traced are computed with `formulation` (one
+    of `FORMULATIONS`, or "auto") on every backend: how the tests hold each formulation to
+    the same numbers on the CPU, and the benchmarks compare them. Read when a function is
+    traced: a function `jit` traced before keeps its formulation."""
+    if formulation != "auto" and formulation not in FORMULATIONS:
+        raise ValueError(f"expected formulation 'auto' or one of {FORMULATIONS}, got {formulation!r}")
+    _forced.append(formulation)
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
 def number_stats(wide, target: NumberTarget, number_tokens: NumberTokens, reads: NumberReads, *,
-                 formulation: str = "auto", logits=None) -> NumberStats:
+                 logits=None) -> NumberStats:
     """`NumberStats` of float32 `[batch, length, vocab]` logits `wide` (widened from
     `logits`, their own dtype, default `wide`: XLA fuses the conversion into each pass)
     at the positions `target.keep`; whatever the logits hold elsewhere reaches neither
-    the statistics nor their gradients. `formulation`: one of `FORMULATIONS`, or "auto"
-    for each backend's own."""
+    the statistics nor their gradients. Each backend takes its own formulation, unless
+    one is forced (`forced_formulation`)."""
     logits = wide if logits is None else logits
+    formulation = _forced[-1]
     compute = functools.partial(_by_formulation, number_tokens=number_tokens, reads=reads)
     if formulation == "auto":
         out = jax.lax.platform_dependent(

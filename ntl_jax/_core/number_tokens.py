@@ -287,66 +287,14 @@ class NumberTokens:
             return jnp.asarray(table, dtype)[jnp.asarray(self.ids)]
         return jnp.asarray(np.asarray(table)[np.asarray(self.ids)], dtype)
 
-    def distance_table(self, squash_factor: float | None = None) -> jax.Array:
-        """`[N, N]` float32 table of |v_i - v_j| (ntloss's `dist_lookup`).
-
-        With `squash_factor` s > 1 the off-diagonal distances are mapped linearly so the
-        closest wrong token costs 1 and the farthest costs s; the diagonal stays 0.
-        """
-        check_squash_factor(squash_factor)
-        if squash_factor is not None:
-            self.check_squashable()
+    def distance_table(self) -> jax.Array:
+        """`[N, N]` float32 table of |v_i - v_j| (ntloss's `dist_lookup`; `ntl_jax.losses.was`
+        may rescale it)."""
         v = jnp.asarray(self.number_values, jnp.float32)
-        return self.squash(jnp.abs(v[:, None] - v[None, :]), squash_factor)
-
-    def squash(self, distances: jax.Array, squash_factor: float | None) -> jax.Array:
-        """Maps |v_i - v_j| distances (any shape) to their squashed costs, for a checked
-        `squash_factor`: off-diagonal distances are mapped linearly so the closest wrong
-        token of the table costs 1 and the farthest `squash_factor`; a zero distance
-        stays 0. None leaves the distances as they are.
-        """
-        if squash_factor is None:
-            return distances
-        v = jnp.asarray(self.number_values, jnp.float32)
-        table = jnp.abs(v[:, None] - v[None, :])
-        closest = jnp.min(jnp.where(table == 0, jnp.finfo(jnp.float32).max, table))
-        spread = jnp.max(table) - closest
-        # A traced table with fewer than three distinct values: every wrong token costs 1.
-        scale = jnp.where(spread > 0, (squash_factor - 1.0) / jnp.where(spread > 0, spread, 1.0), 0.0)
-        return jnp.where(distances == 0, 0.0, 1.0 + (distances - closest) * scale)
-
-    def check_squashable(self) -> None:
-        """Raises ValueError if the number values cannot be squashed: squashing maps the
-        closest wrong distance to 1 and the farthest to `squash_factor`, so it needs at
-        least three distinct values. Only concrete tables are checked."""
-        if is_traced(self.number_values):
-            return
-        values = np.asarray(self.number_values, np.float64)
-        distinct, counts = np.unique(values, return_counts=True)
-        if len(distinct) >= 3:
-            return
-        duplicated = [float(d) for d, c in zip(distinct, counts) if c > 1]
-        dup = f"; value(s) {duplicated} appear on more than one token" if duplicated else ""
-        raise ValueError(
-            "expected number tokens with at least 3 distinct values for squash_factor (the closest "
-            f"and farthest wrong tokens must differ), got values {[float(x) for x in values]}{dup}"
-        )
+        return jnp.abs(v[:, None] - v[None, :])
 
     def __repr__(self) -> str:
         return (
             f"NumberTokens(vocab_size={self.vocab_size}, num_numbers={self.num_numbers}, "
             f"dot_id={self.dot_id})"
         )
-
-
-def check_squash_factor(squash_factor: Any) -> None:
-    """Raises unless `squash_factor` is None or a finite number greater than 1."""
-    if squash_factor is None:
-        return
-    is_real = isinstance(squash_factor, (int, float, np.integer, np.floating))
-    if isinstance(squash_factor, (bool, np.bool_)) or not is_real:
-        raise TypeError(f"expected squash_factor to be None or a number > 1, got {squash_factor!r}")
-    if not math.isfinite(squash_factor):
-        raise ValueError(f"expected squash_factor finite and > 1, got {squash_factor}")
-    if not squash_factor > 1:
-        raise ValueError(f"expected squash_factor > 1 (1 would recover cross-entropy), got {squash_factor}")

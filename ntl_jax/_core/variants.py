@@ -1,12 +1,13 @@
-"""What each number loss is: one entry per loss, its formula beside a plain reference.
+"""The number losses, each one value: a constructor per loss that checks that loss's own
+parameters, its formula as code, and a plain reference beside it.
 
-A `Variant` is written as its math: the per-position loss from statistics of the
-number tokens' logits `z` (`number_stats.NumberStats`: expectations under
-`p = softmax(z)` over the number tokens only, weighted sums of `z`, their
-log-normaliser), with the functions it needs named in `reads`. Its `reference` is the
-textbook formula on the `N` number-token columns (an explicit softmax), which the
-tests hold every formulation of `number_stats` against. A new loss is one more entry
-here and one more name in `VARIANTS`.
+A `NumberLoss` computes the per-position loss from statistics of the number tokens'
+logits `z` (`number_stats.NumberStats`: expectations under `p = softmax(z)` over the
+number tokens only, weighted sums of `z`, their log-normaliser), reading what its
+`reads` names. Its `reference` is the textbook formula on the `N` number-token columns,
+which the tests hold every formulation of `number_stats` against. Every entry point
+takes one such value, or a spec string (`parse`: `"was"`, `"smmd(sigma=2, mode=smooth)"`),
+so a new loss is one constructor here and one name in `LOSSES`.
 
 Notation, per position: `y` the target's value, `v_j` the number tokens' values,
 `p_j = softmax(z)_j` over the number tokens. Positions whose target is no number token
@@ -15,8 +16,13 @@ are not counted (the number-level loss counts a number's first token).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Callable, NamedTuple
+import inspect
+import math
+import numbers
+import re
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +32,7 @@ from ntl_jax._core import digit_runs
 from ntl_jax._core.compat import is_traced
 from ntl_jax._core.number_stats import Columns, NumberReads, NumberStats, expected_value, of_logits
 from ntl_jax._core.number_tokens import NumberTokens
-from ntl_jax._core.targets import NumberTarget
+from ntl_jax._core.targets import NumberTarget, gaussian_label
 
 _EPS = float(jnp.finfo(jnp.float32).eps)
 # reweigh: a position whose mass is off the number tokens costs slightly more than the
@@ -36,30 +42,117 @@ _REWEIGH_MARGIN = 1.01
 _STATIC_PERMUTATION_MAX = 64
 
 
-class Variant(NamedTuple):
-    """A number loss.
+@dataclasses.dataclass(frozen=True, eq=False)
+class NumberLoss:
+    """A number loss with its parameters: what every entry point takes as `number_loss`.
 
-    - `name`: as every API takes it (`ntl_kind`, the trainer's `--loss`);
+    Build one with a constructor (`was(squash_factor=2.0)`, `smmd(mode="mmd")`, ...), or
+    write one: a `loss(stats, target, number_tokens) -> (loss, counted)` (each
+    `[batch, length]`) reading the statistics `reads` names (docs/guides/losses.md).
+
+    - `name`: its name in a spec (`"was"`);
     - `reads`: what `loss` reads of the number tokens' logits (`NumberReads`);
-    - `loss(stats, target, number_tokens)`: `(loss, counted)`, each `[batch, length]`;
-    - `reference(z, target, number_tokens)`: the same from the number tokens' logits
-      `z` `[batch, length, N]`, written plainly (the tests' oracle);
-    - `ceiling(number_tokens)`: the largest value the loss takes, which `reweigh`
-      charges (x1.01) for probability off the number tokens; None: unbounded, no reweigh.
+    - `loss`: the per-position loss and the positions it counts;
+    - `reference(z, target, number_tokens)`: the same from the number tokens' logits `z`
+      `[batch, length, N]`, written plainly (the tests' oracle), or None;
+    - `ceiling(number_tokens)`: the largest value it takes, or None (unbounded);
+    - `reweigh`: ntloss's `reweigh`, `loss * m + 1.01 * ceiling * (1 - m)` with `m` the
+      full-vocabulary probability on the number tokens (only with a ceiling);
+    - `params`: `(name, value)` pairs of its constructor's arguments off their defaults;
+    - `check_table(number_tokens)`: raises for a table the loss cannot score, or None.
     """
 
     name: str
     reads: NumberReads
     loss: Callable
-    reference: Callable
-    ceiling: Callable | None
+    reference: Callable | None = None
+    ceiling: Callable | None = None
+    reweigh: bool = False
+    params: tuple = ()
+    check_table: Callable | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"expected a NumberLoss's name to be a non-empty str, got {self.name!r}")
+        if not isinstance(self.reads, NumberReads):
+            raise TypeError(f"number loss {self.name!r}: expected reads to be a NumberReads, "
+                            f"got {type(self.reads).__name__}")
+        if not callable(self.loss):
+            raise TypeError(f"number loss {self.name!r}: expected loss to be a function, got {self.loss!r}")
+        _check_bool(self.name, "reweigh", self.reweigh)
+        if self.reweigh and self.ceiling is None:
+            raise ValueError(f"number loss {self.name!r}: expected reweigh=False (the loss has no largest value to "
+                             "charge for probability off the number tokens), got reweigh=True")
+
+    @property
+    def spec(self) -> str:
+        """The loss as a spec string (`parse` reads it back for the shipped losses)."""
+        args = self.params + ((("reweigh", True),) if self.reweigh else ())
+        if not args:
+            return self.name
+        return f"{self.name}({', '.join(f'{key}={_spec_value(value)}' for key, value in args)})"
+
+    @property
+    def needs_masses(self) -> bool:
+        """Whether `at` reads the full-vocabulary probability on the number tokens."""
+        return self.reweigh
+
+    def at(self, stats: NumberStats, target: NumberTarget, number_tokens: NumberTokens, masses=None):
+        """`(loss, counted)` `[batch, length]`: the loss per position (reweighed with
+        `masses = (m, 1 - m)` when `reweigh`; anything where not counted) and the
+        positions it counts."""
+        loss, counted = self.loss(stats, target, number_tokens)
+        if self.reweigh:
+            loss = apply_reweigh(loss, masses, self, number_tokens)
+        return loss, counted
+
+    def __repr__(self) -> str:
+        return f"NumberLoss({self.spec})"
 
 
-def reweigh(loss, masses, variant: Variant, number_tokens: NumberTokens):
+def apply_reweigh(loss, masses, number_loss: NumberLoss, number_tokens: NumberTokens):
     """ntloss's `reweigh`: `loss * m + 1.01 * ceiling * (1 - m)`, `masses = (m, 1 - m)` the
     full-vocabulary probability on the number tokens and on the others."""
     mass, rest = masses
-    return loss * mass + _REWEIGH_MARGIN * variant.ceiling(number_tokens) * rest
+    return loss * mass + _REWEIGH_MARGIN * number_loss.ceiling(number_tokens) * rest
+
+
+# -- Checking a constructor's arguments -------------------------------------------------
+
+
+def _check_bool(loss: str, param: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"number loss {loss!r}: expected {param} True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _check_number(loss: str, param: str, value, *, low: float, low_inclusive: bool = True) -> float:
+    """`value` as a Python float; raises unless it is a finite Python number above `low`
+    (a constant of the program: the losses build their tables on the host)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"number loss {loss!r}: expected {param} to be a Python number, "
+                        f"got {type(value).__name__} {value!r}")
+    bound = f"{'>=' if low_inclusive else '>'} {low:g}"
+    if not math.isfinite(value) or value < low or (value == low and not low_inclusive):
+        raise ValueError(f"number loss {loss!r}: expected {param} finite and {bound}, got {value!r}")
+    return float(value)
+
+
+def _check_int(loss: str, param: str, value, *, low: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"number loss {loss!r}: expected {param} to be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _check_choice(loss: str, param: str, value, choices: tuple) -> str:
+    if value not in choices:
+        raise ValueError(f"number loss {loss!r}: expected {param} in {choices}, got {value!r}")
+    return value
+
+
+def _off_default(**params) -> tuple:
+    """`(name, value)` pairs of `params = {name: (value, default)}` whose value is not the default."""
+    return tuple((name, value) for name, (value, default) in params.items() if value != default)
 
 
 def _softmax_columns(z):
@@ -75,27 +168,73 @@ def _value_range(number_tokens: NumberTokens):
     return jnp.max(v) - jnp.min(v)
 
 
+def _one_hot(target: NumberTarget, number_tokens: NumberTokens):
+    return (target.ids[..., None] == jnp.asarray(number_tokens.ids)).astype(jnp.float32)
+
+
 # -- NTL-WAS: the Wasserstein-1 distance to the one-hot label --------------------------
 # sum_j p_j D(v_j, y), D = |v_j - y| or its squashed form (ntloss's `NTLoss`; the
-# closest wrong token costs 1 and the farthest `squash_factor`: `NumberTokens.squash`).
+# closest wrong token costs 1 and the farthest `squash_factor`).
 
 
-@functools.lru_cache(maxsize=16)
-def was(squash_factor: float | None = None) -> Variant:
+def squash_distances(number_tokens: NumberTokens, distances, squash_factor: float | None):
+    """Maps |v_i - v_j| distances (any shape) to their squashed costs: off-diagonal
+    distances linearly, so the table's closest wrong token costs 1 and its farthest
+    `squash_factor`; a zero distance stays 0. None leaves them as they are."""
+    if squash_factor is None:
+        return distances
+    v = _values(number_tokens)
+    table = jnp.abs(v[:, None] - v[None, :])
+    closest = jnp.min(jnp.where(table == 0, jnp.finfo(jnp.float32).max, table))
+    spread = jnp.max(table) - closest
+    # A traced table with fewer than three distinct values: every wrong token costs 1.
+    scale = jnp.where(spread > 0, (squash_factor - 1.0) / jnp.where(spread > 0, spread, 1.0), 0.0)
+    return jnp.where(distances == 0, 0.0, 1.0 + (distances - closest) * scale)
+
+
+def check_squashable(number_tokens: NumberTokens) -> None:
+    """Raises ValueError unless a concrete table has three distinct values: squashing maps
+    the closest wrong distance to 1 and the farthest to `squash_factor`."""
+    if is_traced(number_tokens.number_values):
+        return
+    values = np.asarray(number_tokens.number_values, np.float64)
+    distinct, counts = np.unique(values, return_counts=True)
+    if len(distinct) >= 3:
+        return
+    duplicated = [float(d) for d, c in zip(distinct, counts) if c > 1]
+    dup = f"; value(s) {duplicated} appear on more than one token" if duplicated else ""
+    raise ValueError(
+        "number loss 'was': expected number tokens with at least 3 distinct values for squash_factor (the "
+        f"closest and farthest wrong tokens must differ), got values {[float(x) for x in values]}{dup}")
+
+
+def was(*, squash_factor: float | None = None, reweigh: bool = False) -> NumberLoss:
+    """NTL-WAS, the paper's default: `sum_j p_j D(v_j, y)`, `D = |v_j - y|`, or with
+    `squash_factor` s > 1 rescaled so the closest wrong token costs 1 and the farthest s
+    (ntloss's `NTLoss`)."""
+    if squash_factor is not None:
+        squash_factor = _check_number("was", "squash_factor", squash_factor, low=1.0, low_inclusive=False)
+    return _was(squash_factor, _check_bool("was", "reweigh", reweigh))
+
+
+@functools.lru_cache(maxsize=None)
+def _was(squash_factor, reweigh) -> NumberLoss:
     def distance(columns: Columns, target: NumberTarget, number_tokens):
-        return number_tokens.squash(jnp.abs(columns.value - target.value[..., None]), squash_factor)
+        return squash_distances(number_tokens, jnp.abs(columns.value - target.value[..., None]), squash_factor)
 
     def loss(stats: NumberStats, target, number_tokens):
         return stats.means[distance], target.is_number
 
     def reference(z, target, number_tokens):
-        d = number_tokens.squash(jnp.abs(_values(number_tokens) - target.value[..., None]), squash_factor)
+        d = squash_distances(number_tokens, jnp.abs(_values(number_tokens) - target.value[..., None]), squash_factor)
         return jnp.sum(_softmax_columns(z) * d, axis=-1), target.is_number
 
     def ceiling(number_tokens):
         return _value_range(number_tokens) if squash_factor is None else jnp.float32(squash_factor)
 
-    return Variant("was", NumberReads(means=(distance,)), loss, reference, ceiling)
+    return NumberLoss("was", NumberReads(means=(distance,)), loss, reference, ceiling, reweigh,
+                      _off_default(squash_factor=(squash_factor, None)),
+                      check_squashable if squash_factor is not None else None)
 
 
 # -- NTL-MSE / MAE / Huber, any loss on the expected value ------------------------------
@@ -107,12 +246,46 @@ def _huber(d):
     return jnp.where(jnp.abs(d) < 1.0, 0.5 * jnp.square(d), jnp.abs(d) - 0.5)
 
 
-@functools.lru_cache(maxsize=64)
-def dot(fn: Callable, name: str = "dot") -> Variant:
-    """NTL-L_p with a loss `fn(prediction, target)` of two float32 `[batch, length]`
-    arrays. `ceiling`: `max(|fn(lo, hi)|, |fn(hi, lo)|)` over the number tokens' lowest
-    and highest values, as ntloss's."""
+def _squared_error(prediction, target):
+    return jnp.square(prediction - target)
 
+
+def _absolute_error(prediction, target):
+    return jnp.abs(prediction - target)
+
+
+def _huber_error(prediction, target):
+    return _huber(prediction - target)
+
+
+def expected_value_loss(fn: Callable, *, reweigh: bool = False) -> NumberLoss:
+    """NTL-L_p with any loss `fn(prediction, target)` of two float32 `[batch, length]`
+    arrays (elementwise, traceable): `fn(sum_j p_j v_j, y)` (ntloss's `loss_function`).
+    With `reweigh`, the ceiling is `max(|fn(lo, hi)|, |fn(hi, lo)|)` over the lowest and
+    highest values, as ntloss's."""
+    if not callable(fn):
+        raise TypeError(f"number loss 'expected_value_loss': expected fn to be a function (prediction, target) "
+                        f"-> loss, got {fn!r}")
+    return _expected_value(fn, "expected_value_loss", _check_bool("expected_value_loss", "reweigh", reweigh))
+
+
+def mse(*, reweigh: bool = False) -> NumberLoss:
+    """NTL-MSE: `(sum_j p_j v_j - y)^2`."""
+    return _expected_value(_squared_error, "mse", _check_bool("mse", "reweigh", reweigh))
+
+
+def mae(*, reweigh: bool = False) -> NumberLoss:
+    """NTL-MAE: `|sum_j p_j v_j - y|`."""
+    return _expected_value(_absolute_error, "mae", _check_bool("mae", "reweigh", reweigh))
+
+
+def huber(*, reweigh: bool = False) -> NumberLoss:
+    """NTL-Huber: the Huber loss (delta 1, as torch's) of `sum_j p_j v_j - y`."""
+    return _expected_value(_huber_error, "huber", _check_bool("huber", "reweigh", reweigh))
+
+
+@functools.lru_cache(maxsize=None)
+def _expected_value(fn: Callable, name: str, reweigh: bool) -> NumberLoss:
     def loss(stats: NumberStats, target, number_tokens):
         yhat = stats.means[expected_value]
         # Where the target is no number the loss is not counted: the prediction stands
@@ -128,16 +301,8 @@ def dot(fn: Callable, name: str = "dot") -> Variant:
         lo, hi = jnp.min(v), jnp.max(v)
         return jnp.maximum(jnp.abs(fn(lo, hi)), jnp.abs(fn(hi, lo))).astype(jnp.float32)
 
-    return Variant(name, NumberReads(means=(expected_value,)), loss, reference, ceiling)
-
-
-def _difference(f):
-    return lambda prediction, target: f(prediction - target)
-
-
-_MSE = dot(_difference(jnp.square), "mse")
-_MAE = dot(_difference(jnp.abs), "mae")
-_HUBER = dot(_difference(_huber), "huber")
+    params = (("fn", getattr(fn, "__name__", repr(fn))),) if name == "expected_value_loss" else ()
+    return NumberLoss(name, NumberReads(means=(expected_value,)), loss, reference, ceiling, reweigh, params)
 
 
 # -- The number-level loss: symmetric MAPE on whole numbers -----------------------------
@@ -145,16 +310,25 @@ _HUBER = dot(_difference(_huber), "huber")
 # digit runs joined into numbers, the label's values and the expected values alike.
 
 
-@functools.lru_cache(maxsize=16)
-def number_level(float_level: bool = False, max_number_length: int = digit_runs.MAX_NUMBER_LENGTH) -> Variant:
-    """Both the label and the prediction are placed by the target's digit counts, so a
-    multi-digit tokenizer's "123", "4" is scored as 1234 against `10 E[v_1] + E[v_2]`
-    (`digit_runs.join_digit_runs`, which also says what `max_number_length` does)."""
+def number_level(*, float_level: bool = False, max_number_length: int = digit_runs.MAX_PLACES,
+                 reweigh: bool = False) -> NumberLoss:
+    """ntloss's `NumberLevelLoss`: runs of digit targets joined into numbers, each scored
+    `|yhat - y| / (|yhat| + |y| + eps)` at its first token; `float_level` lets one `.`
+    between digits join them; a number has at most `max_number_length` places (the
+    leading digits of a longer one share the highest, as ntloss's). On multi-digit tables
+    each token is placed by the digits the tokens after it write (`digit_runs`)."""
+    name = "number_level_float" if float_level else "number_level"
+    return _number_level(_check_bool(name, "float_level", float_level),
+                         _check_int(name, "max_number_length", max_number_length, low=1),
+                         _check_bool(name, "reweigh", reweigh))
 
+
+@functools.lru_cache(maxsize=None)
+def _number_level(float_level: bool, max_number_length: int, reweigh: bool) -> NumberLoss:
     def score(yhat_digits, target, number_tokens):
         join = functools.partial(
             digit_runs.join_digit_runs, targets=target.ids, dot_id=number_tokens.dot_id if float_level else None,
-            digit_counts=target.digits, opens=target.opens, max_number_length=max_number_length)
+            digit_counts=target.digits, opens=target.opens, max_places=max_number_length)
         starts, y = join(target.is_number, target.value)
         _, yhat = join(target.is_number, yhat_digits)
         return jnp.abs(yhat - y) / (jnp.abs(yhat) + jnp.abs(y) + _EPS), starts  # in [0, 1]
@@ -166,7 +340,9 @@ def number_level(float_level: bool = False, max_number_length: int = digit_runs.
         return score(jnp.sum(_softmax_columns(z) * _values(number_tokens), axis=-1), target, number_tokens)
 
     name = "number_level_float" if float_level else "number_level"
-    return Variant(name, NumberReads(means=(expected_value,)), loss, reference, lambda number_tokens: jnp.float32(1.0))
+    return NumberLoss(name, NumberReads(means=(expected_value,)), loss, reference,
+                      lambda number_tokens: jnp.float32(1.0), reweigh,
+                      _off_default(max_number_length=(max_number_length, digit_runs.MAX_PLACES)))
 
 
 # -- NTL-WAS-CDF: Wasserstein-1 between CDFs over the value-sorted number tokens ---------
@@ -200,46 +376,44 @@ def _cdf_gap_sum(p, q, number_tokens: NumberTokens):
     return jnp.sum(jnp.abs(jnp.cumsum(gap, axis=-1)[..., :-1]), axis=-1)
 
 
-def _one_hot(target: NumberTarget, number_tokens: NumberTokens):
-    return (target.ids[..., None] == jnp.asarray(number_tokens.ids)).astype(jnp.float32)
+def was_cdf(*, sigma: float = 0.0, reweigh: bool = False) -> NumberLoss:
+    """NTL-WAS-CDF (the authors' paper code): `sum_k |CDF_p(k) - CDF_q(k)|` over the number
+    tokens sorted by value, against the one-hot label `q`, or with `sigma` > 0 against a
+    Gaussian label of that width (as GCE's, `targets.gaussian_label`; the authors pair it
+    with GCE of the same width)."""
+    return _was_cdf(_check_number("was_cdf", "sigma", sigma, low=0.0), _check_bool("was_cdf", "reweigh", reweigh))
 
 
-def _was_cdf_ceiling(number_tokens):
-    return jnp.float32(number_tokens.num_numbers - 1)
+@functools.lru_cache(maxsize=None)
+def _was_cdf(sigma: float, reweigh: bool) -> NumberLoss:
+    def label(target, number_tokens):
+        one_hot = _one_hot(target, number_tokens)
+        if sigma == 0:
+            return one_hot
+        gaussian = gaussian_label(target, number_tokens, sigma)
+        q = gaussian.at(_values(number_tokens), number_tokens.at_numbers(number_tokens.digit_counts, jnp.int32))
+        return jnp.where(gaussian.smoothed[..., None], q, one_hot)
 
+    if sigma == 0:
+        # Against a one-hot label at place t, CDF_q steps from 0 to 1 at t, so the sum is
+        # the expected distance in rank sum_j p_j |r_j - r_t|: an expectation, no sort of p.
+        def loss(stats: NumberStats, target, number_tokens):
+            return stats.means[_rank_distance], target.is_number
 
-def _was_cdf_loss(stats: NumberStats, target, number_tokens):
-    # Against a one-hot label at place t, CDF_q steps from 0 to 1 at t, so the sum is
-    # the expected distance in rank sum_j p_j |r_j - r_t|: an expectation, no sort of p.
-    return stats.means[_rank_distance], target.is_number
+        reads = NumberReads(means=(_rank_distance,))
+    else:
+        def loss(stats: NumberStats, target, number_tokens):
+            return _cdf_gap_sum(stats.probs, label(target, number_tokens), number_tokens), target.is_number
 
+        reads = NumberReads(probs=True)
 
-def _was_cdf_reference(z, target, number_tokens):
-    return _cdf_gap_sum(_softmax_columns(z), _one_hot(target, number_tokens), number_tokens), target.is_number
+    def reference(z, target, number_tokens):
+        return _cdf_gap_sum(_softmax_columns(z), label(target, number_tokens), number_tokens), target.is_number
 
+    def ceiling(number_tokens):
+        return jnp.float32(number_tokens.num_numbers - 1)
 
-WAS_CDF = Variant("was_cdf", NumberReads(means=(_rank_distance,)), _was_cdf_loss, _was_cdf_reference,
-                  _was_cdf_ceiling)
-
-
-def _gce_label(target: NumberTarget, number_tokens: NumberTokens):
-    """The Gaussian-smoothed label over the number tokens `[batch, length, N]` where
-    `target.label` smooths, the one-hot elsewhere."""
-    q = target.label.at(_values(number_tokens), number_tokens.at_numbers(number_tokens.digit_counts, jnp.int32))
-    return jnp.where(target.label.smoothed[..., None], q, _one_hot(target, number_tokens))
-
-
-def _was_cdf_smoothed_loss(stats: NumberStats, target, number_tokens):
-    return _cdf_gap_sum(stats.probs, _gce_label(target, number_tokens), number_tokens), target.is_number
-
-
-def _was_cdf_smoothed_reference(z, target, number_tokens):
-    return _cdf_gap_sum(_softmax_columns(z), _gce_label(target, number_tokens), number_tokens), target.is_number
-
-
-# NTL-WAS-CDF against GCE's Gaussian-smoothed label (`cross_entropy_and_ntl(gce_sigma=...)`).
-WAS_CDF_SMOOTHED = Variant("was_cdf", NumberReads(probs=True), _was_cdf_smoothed_loss, _was_cdf_smoothed_reference,
-                           _was_cdf_ceiling)
+    return NumberLoss("was_cdf", reads, loss, reference, ceiling, reweigh, _off_default(sigma=(sigma, 0.0)))
 
 
 # -- DEL, the Digit Entropy Loss (Zheng et al., arXiv 2605.20369) -----------------------
@@ -270,7 +444,16 @@ def _del_reference(z, target, number_tokens):
     return weight * jnp.sum(_softmax_columns(z) * bce, axis=-1), target.is_number
 
 
-DEL = Variant("del", NumberReads(means=(_softplus, _target_logit)), _del_loss, _del_reference, None)
+_DEL = NumberLoss("del", NumberReads(means=(_softplus, _target_logit)), _del_loss, _del_reference)
+
+
+def digit_entropy() -> NumberLoss:
+    """DEL, the Digit Entropy Loss (Zheng et al., arXiv 2605.20369), named `"del"` in a
+    spec: `w * sum_k p_k BCE(z_k, [k = y])`, BCE with logits, the gradient through both;
+    `w` the target's place in its number: an integer digit `k` places left of the point
+    (ones: 1) weighs `2k`, the `m`-th decimal digit `1.02^-(m + 1)`. The authors add
+    `0.01 * mean over (digit positions x 10 digits)` to a token-mean CE."""
+    return _DEL
 
 
 # -- DIST², KL to a distance-smoothed label (Chung et al., arXiv 2503.02379) ------------
@@ -279,8 +462,14 @@ DEL = Variant("del", NumberReads(means=(_softplus, _target_logit)), _del_loss, _
 # and the log-normaliser (sum_j q_j = 1).
 
 
-@functools.lru_cache(maxsize=16)
-def dist2(tau: float = 1.0) -> Variant:
+def dist2(*, tau: float = 1.0) -> NumberLoss:
+    """DIST² (Chung et al., arXiv 2503.02379): `KL(q || p)`, `q_j ∝ exp(-(v_j - y)^2 / tau)`
+    over the number tokens; the authors weigh it by 0.1 next to CE."""
+    return _dist2(_check_number("dist2", "tau", tau, low=0.0, low_inclusive=False))
+
+
+@functools.lru_cache(maxsize=None)
+def _dist2(tau: float) -> NumberLoss:
     def log_label(values, target: NumberTarget, number_tokens):
         """`log q` at the columns of `values`: the log-softmax of `-(v - y)^2 / tau`
         over the number tokens (its normaliser always over the `N` number tokens)."""
@@ -304,7 +493,7 @@ def dist2(tau: float = 1.0) -> Variant:
         log_q = log_label(_values(number_tokens), target, number_tokens)
         return jnp.sum(jnp.exp(log_q) * (log_q - jax.nn.log_softmax(z, axis=-1)), axis=-1), target.is_number
 
-    return Variant("dist2", NumberReads(sums=(label,)), loss, reference, None)
+    return NumberLoss("dist2", NumberReads(sums=(label,)), loss, reference, params=_off_default(tau=(tau, 1.0)))
 
 
 # -- SMMD, Smooth MMD (arXiv 2606.27731; code Zuozhuo/smmd-loss) -----------------------
@@ -352,7 +541,7 @@ def smmd_kernel(number_tokens: NumberTokens, sigma: float = SMMD_SIGMA, squash_f
     xp = jnp if traced else np
     support = smmd_support(number_tokens, xp)
     if not traced and not support.any():
-        raise ValueError(f"expected number tokens writing an integer 0..{SMMD_MAX_VALUE} alone for ntl_kind='smmd' "
+        raise ValueError(f"number loss 'smmd': expected number tokens writing an integer 0..{SMMD_MAX_VALUE} alone "
                          f"(no leading zero, sign or point), got none among the values "
                          f"{np.asarray(number_tokens.number_values).tolist()[:20]}")
     v = xp.asarray(number_tokens.number_values, xp.float64 if xp is np else xp.float32)
@@ -386,13 +575,22 @@ def _smmd_combine(mmd, smooth, mode, alpha):
     return jax.nn.relu({"smmd": mmd + alpha * smooth, "mmd": mmd, "smooth": alpha * smooth}[mode])
 
 
-@functools.lru_cache(maxsize=16)
-def smmd(mode: str = "smmd", sigma: float = SMMD_SIGMA, squash_factor: float = SMMD_SQUASH_FACTOR,
-         alpha: float | None = None) -> Variant:
-    """SMMD with the authors' `loss_mode` (`"smmd"`: both terms; `"mmd"`: r'Kr;
-    `"smooth"`: alpha r'(D - K)r), the kernel's width `sigma`, the distances' `squash_factor`
-    and the smoothness weight `alpha` (None: `1 / (2 mean degree)`, the authors' "auto")."""
+def smmd(*, mode: str = "smmd", sigma: float = SMMD_SIGMA, alpha: float | None = None,
+         squash_factor: float = SMMD_SQUASH_FACTOR) -> NumberLoss:
+    """SMMD, Smooth MMD (arXiv 2606.27731; the authors' `SMMDLoss`): `relu(r'Kr + alpha
+    r'(D - K)r)`, `r = p - onehot(y)` over SMMD's number tokens (integers 0..999 written
+    alone, `smmd_support`), `K_ij = exp(-d'(v_i, v_j)^2 / (2 sigma^2))` with `d'` the
+    value distance squashed to [1, `squash_factor`], `D = diag(sum_j K_ij)`. `mode`:
+    `"smmd"` (both terms), `"mmd"` (r'Kr) or `"smooth"` (alpha r'(D - K)r); `alpha` None
+    is `1 / (2 mean degree)`, the authors' "auto"."""
+    return _smmd(_check_choice("smmd", "mode", mode, SMMD_MODES),
+                 _check_number("smmd", "sigma", sigma, low=0.0, low_inclusive=False),
+                 None if alpha is None else _check_number("smmd", "alpha", alpha, low=0.0),
+                 _check_number("smmd", "squash_factor", squash_factor, low=1.0, low_inclusive=False))
 
+
+@functools.lru_cache(maxsize=None)
+def _smmd(mode: str, sigma: float, alpha: float | None, squash_factor: float) -> NumberLoss:
     def loss(stats: NumberStats, target, number_tokens):
         p, q, kernel, default_alpha, counted = _smmd_terms(stats.columns, target, number_tokens, sigma,
                                                              squash_factor)
@@ -410,47 +608,112 @@ def smmd(mode: str = "smmd", sigma: float = SMMD_SIGMA, squash_factor: float = S
         smooth = jnp.einsum("...i,ij,...j->...", r, laplacian, r)
         return _smmd_combine(mmd, smooth, mode, default_alpha if alpha is None else alpha), counted
 
-    return Variant("smmd", NumberReads(columns=True), loss, reference, None)
+    params = _off_default(mode=(mode, "smmd"), sigma=(sigma, SMMD_SIGMA), alpha=(alpha, None),
+                          squash_factor=(squash_factor, SMMD_SQUASH_FACTOR))
+    return NumberLoss("smmd", NumberReads(columns=True), loss, reference, params=params,
+                      check_table=lambda number_tokens: smmd_kernel(number_tokens, sigma, squash_factor))
 
 
-# The variants by the name every API takes (`kind`, `ntl_kind`, the trainer's
-# `--loss ntl-<name>`); the ones with parameters at their defaults.
-VARIANTS = {
-    "was": was(),
-    "mse": _MSE,
-    "mae": _MAE,
-    "huber": _HUBER,
-    "number_level": number_level(False),
-    "number_level_float": number_level(True),
-    "was_cdf": WAS_CDF,
-    "del": DEL,
-    "dist2": dist2(),
-    "smmd": smmd(),
+# -- By name, and from a spec string -------------------------------------------------
+
+
+# The shipped losses by the name a spec gives them, each its constructor.
+LOSSES: dict[str, Callable[..., NumberLoss]] = {
+    "was": was,
+    "mse": mse,
+    "mae": mae,
+    "huber": huber,
+    "number_level": number_level,
+    "number_level_float": functools.partial(number_level, float_level=True),
+    "was_cdf": was_cdf,
+    "del": digit_entropy,
+    "dist2": dist2,
+    "smmd": smmd,
 }
-KINDS = tuple(VARIANTS)
-NUMBER_LEVEL_KINDS = ("number_level", "number_level_float")
+NAMES = tuple(LOSSES)
+# What a spec for no number loss at all (cross-entropy alone) says.
+NONE = "none"
+_SPEC = re.compile(r"\s*([A-Za-z_]\w*)\s*(?:\((.*)\))?\s*", re.S)
+_EXAMPLE = "a spec such as 'was' or 'smmd(sigma=2, mode=smooth)'"
 
 
-def variant_of(kind, *, squash_factor=None, smoothed: bool = False, max_number_length=None, smmd_mode=None,
-               smmd_sigma=None, smmd_alpha=None) -> Variant:
-    """The `Variant` of a checked `kind`: a name in `VARIANTS`, a `Variant`, or a loss
-    function `(prediction, target) -> loss` (`dot`); `squash_factor` for "was" and
-    "smmd", `smoothed` (a Gaussian-smoothed label) for "was_cdf", `max_number_length`
-    (None: the default) for the number-level kinds, `smmd_mode`, `smmd_sigma`,
-    `smmd_alpha` for "smmd" (None: the authors' defaults)."""
-    if isinstance(kind, Variant):
-        return kind
-    if not isinstance(kind, str):
-        return dot(kind)
-    if kind == "was":
-        return was(squash_factor)
-    if kind == "smmd":
-        return smmd("smmd" if smmd_mode is None else smmd_mode,
-                    SMMD_SIGMA if smmd_sigma is None else float(smmd_sigma),
-                    SMMD_SQUASH_FACTOR if squash_factor is None else float(squash_factor),
-                    None if smmd_alpha is None else float(smmd_alpha))
-    if kind == "was_cdf" and smoothed:
-        return WAS_CDF_SMOOTHED
-    if kind in NUMBER_LEVEL_KINDS and max_number_length is not None:
-        return number_level(kind == "number_level_float", max_number_length)
-    return VARIANTS[kind]
+def _spec_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    return str(value)
+
+
+def _parse_value(text: str):
+    """A spec's value: true/false, none, an int, a float, or else the word itself."""
+    word = text.strip().strip("'\"")
+    lowered = word.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(word)
+        except ValueError:
+            pass
+    return word
+
+
+def parameters(name: str) -> tuple[str, ...]:
+    """The parameters the shipped loss `name` takes (not those its name fixes:
+    `number_level_float`'s `float_level`)."""
+    constructor = LOSSES[name]
+    fixed = getattr(constructor, "keywords", {})
+    return tuple(param for param in inspect.signature(constructor).parameters if param not in fixed)
+
+
+def parse(spec: str) -> NumberLoss:
+    """The loss a spec string names: `name` or `name(param=value, ...)`, a name of
+    `LOSSES`, values numbers, `true`/`false`, `none` or words (`"smmd(sigma=2, mode=smooth)"`).
+    The one parser of every surface configured by strings (gin, MaxText's keys, the
+    command line, a run's recorded identity); `NumberLoss.spec` writes it back.
+
+    Raises:
+      ValueError: a malformed spec, an unknown loss or parameter, or a bad value, named.
+    """
+    if not isinstance(spec, str):
+        raise TypeError(f"expected {_EXAMPLE}, got {type(spec).__name__} {spec!r}")
+    match = _SPEC.fullmatch(spec)
+    if match is None:
+        raise ValueError(f"expected {_EXAMPLE}, got {spec!r}")
+    name, arguments = match.group(1), match.group(2)
+    if name not in LOSSES:
+        raise ValueError(f"expected a number loss in {NAMES} (or {NONE!r}), got {name!r} in the spec {spec!r}")
+    kwargs = {}
+    for item in filter(str.strip, (arguments or "").split(",")):
+        key, equals, value = item.partition("=")
+        key = key.strip()
+        if not equals or not key.isidentifier():
+            raise ValueError(f"number loss {name!r}: expected param=value in the spec {spec!r}, got {item.strip()!r}")
+        if key not in parameters(name):
+            raise ValueError(f"number loss {name!r} has no parameter {key!r} (it takes {parameters(name)}); "
+                             f"in the spec {spec!r}")
+        if key in kwargs:
+            raise ValueError(f"number loss {name!r}: expected each parameter once in the spec {spec!r}, got {key!r} "
+                             "twice")
+        kwargs[key] = _parse_value(value)
+    try:
+        return LOSSES[name](**kwargs)
+    except TypeError as error:  # a value of the wrong kind ("reweigh=yes"): in a string, a bad value
+        raise ValueError(f"{error}; in the spec {spec!r}") from None
+
+
+def resolve(number_loss: NumberLoss | str | None, name: str = "number_loss") -> NumberLoss | None:
+    """The `NumberLoss` an entry point's `number_loss` argument names: a `NumberLoss` as
+    it is, a spec string parsed (`parse`), None or `"none"` for no number loss."""
+    if number_loss is None or isinstance(number_loss, NumberLoss):
+        return number_loss
+    if isinstance(number_loss, str):
+        return None if number_loss.strip() == NONE else parse(number_loss)
+    if callable(number_loss):
+        raise TypeError(f"expected {name} a NumberLoss or a spec string, got the function {number_loss!r}; a loss "
+                        "on the expected value is ntl_jax.losses.expected_value_loss(fn)")
+    raise TypeError(f"expected {name} a NumberLoss (ntl_jax.losses), {_EXAMPLE}, or None; "
+                    f"got {type(number_loss).__name__} {number_loss!r}")

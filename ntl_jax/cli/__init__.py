@@ -30,6 +30,10 @@ examples:
 
 Run `ntl-jax COMMAND --help` for the options of a command."""
 
+# A namespace attribute: a flag's action that refuses the flag sets it to the message,
+# which the command's parser gives once every flag is read (so that it names them all).
+REFUSED = "_refused"
+
 
 def version() -> str:
     """The installed distribution's version, or the package's when it is not installed."""
@@ -41,6 +45,17 @@ def version() -> str:
         from ntl_jax import __version__
 
         return __version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """Gives the refusal the flags' actions left (`REFUSED`) as its error."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        refused = getattr(namespace, REFUSED, None)
+        if refused:
+            self.error(refused)
+        return namespace, extras
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -60,8 +75,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ntl-jax", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=_Formatter)
+    parser = _Parser(prog="ntl-jax", description=DESCRIPTION, epilog=EPILOG, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     wanted = None

@@ -9,7 +9,8 @@ set of paired differences. Two protocols:
 * `finetune` (the paper's): per seed, one CE pretraining run; then every loss
   fine-tunes from those same parameters at the fine-tuning learning rate(s).
 
-`--ntl-weight` (`--del-weight`, `--dist2-weight`, `--smmd-weight` for DEL, DIST² and SMMD), `--gce-sigma` and
+`--ntl-weight` (`LOSS=LAMBDA` for one loss; by default each loss's own: 0.3 for NTL, 0.001
+for DEL, 0.1 for DIST², 1 for SMMD), `--gce-sigma` and
 `--finetune-learning-rate` take several values to sweep them, and `--eval-split
 validation` scores the runs on held-out training-like problems to choose among them
 without the tests; each NTL variant is paired with the CE run of the same seed and learning rate. Runs live in
@@ -41,6 +42,8 @@ import numpy as np
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli import train as cli_train
 from ntl_jax.train import data as data_lib
+from ntl_jax.train import systems
+from ntl_jax.train.loss_names import GCE_PREFIX
 from ntl_jax.train.machine import cpu_model
 
 TASKS = ("arithmetic", "multiplication", "diabetes")
@@ -80,10 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=cli_flags.positive_int, default=3,
                         help="number of seeds, 0..N-1; a seed fixes initialisation and data "
                              "order for every loss (default: %(default)s)")
-    parser.add_argument("--losses", nargs="+", choices=cli_train.CHOICES, default=list(LOSSES),
+    parser.add_argument("--losses", nargs="+", type=cli_train.system, default=list(LOSSES),
                         metavar="LOSS",
-                        help=f"losses to compare, of {', '.join(cli_train.CHOICES)}; 'ce' is "
-                             "the baseline and always runs (default: ce ntl-was)")
+                        help="losses to compare, each as `ntl-jax train --loss` takes it: ce, gce, a number loss "
+                             f"({', '.join(cli_train.NUMBER_LOSSES)}; its parameters in parentheses as in its spec, "
+                             f"e.g. 'smmd(mode=mmd)'), gce+<number loss>, {', '.join(systems.BASELINES)}; "
+                             "'ce' is the baseline and always runs (default: ce ntl-was)")
     parser.add_argument("--jobs", type=cli_flags.positive_int, default=1,
                         help="runs trained at the same time, in separate processes "
                              "(default: %(default)s)")
@@ -103,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    type=cli_flags.checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
                    help="also report the share of seeds whose interpolation accuracy exceeds "
                         "this (outcomes can be bimodal across seeds) (default: %(default)s)")
-    g.add_argument("--also-against", nargs="+", default=[], metavar="LOSS",
+    g.add_argument("--also-against", nargs="+", type=cli_train.system, default=[], metavar="LOSS",
                    help="also pair every other loss with LOSS's run of its seed (e.g. ntl-was, "
                         "to compare its successors with it), adjusted with the comparisons "
                         "against CE as one family (default: CE only)")
@@ -142,16 +147,17 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
     """(pretraining runs, compared runs) of the comparison, or of its `--only-seeds`, in the
     order they train."""
     from ntl_jax.train.step import uses_gce
-    from ntl_jax.train.systems import starts_from_ce, trains_ntl, weight_flag
+    from ntl_jax.train.systems import starts_from_ce, trains_ntl
 
     losses = ["ce"] + [loss for loss in dict.fromkeys(args.losses) if loss != "ce"]
+    check_weights(args, losses)
     if args.protocol == "finetune" and not all(starts_from_ce(loss) for loss in losses):
         own = [loss for loss in losses if not starts_from_ce(loss)]
         raise ValueError(f"--protocol finetune starts every run from a CE model of the shipped "
                          f"vocabulary; expected token-head losses on it, got {', '.join(own)} (a "
                          f"network or vocabulary of their own): use --protocol scratch")
     def weights(loss):  # a system without NTL has no weight: one run per seed
-        return list(dict.fromkeys(getattr(args, weight_flag(loss)))) if trains_ntl(loss) else [0.0]
+        return _weights(args, loss) if trains_ntl(loss) else [0.0]
 
     def sigmas(loss):  # a loss without the Gaussian label has no σ: one run per seed
         return list(dict.fromkeys(args.gce_sigma or [None])) if uses_gce(loss) else [None]
@@ -188,6 +194,44 @@ def plan(args: argparse.Namespace, out: str) -> tuple[list[RunSpec], list[RunSpe
                                             rate, args.steps, None if loss == "ce" else base,
                                             init_from, sigma))
     return pretrain, runs
+
+
+def _named(given: list, loss: str) -> list[float]:
+    """The `--ntl-weight LOSS=LAMBDA` values of `loss`: those naming it, else for
+    "gce+<loss>" those naming "<loss>" (as the plain loss's weight, the default's key)."""
+    for name in (loss, loss.removeprefix(GCE_PREFIX)):
+        values = [w.value for w in given if w.loss == name]
+        if values:
+            return values
+    return []
+
+
+def _weights(args: argparse.Namespace, loss: str) -> list[float]:
+    """The weights `loss` is trained at: its own `--ntl-weight LOSS=LAMBDA` values (`_named`),
+    else the plain `--ntl-weight LAMBDA` ones, else its default (`systems.default_weight`)."""
+    given = args.ntl_weight or []
+    every = [w.value for w in given if w.loss is None]
+    return list(dict.fromkeys(_named(given, loss) or every or [systems.default_weight(loss)]))
+
+
+def check_weights(args: argparse.Namespace, losses: list[str]) -> None:
+    """Raises ValueError if `--ntl-weight LOSS=LAMBDA` names no compared loss with a
+    weight, or a plain `--ntl-weight LAMBDA` would set losses of different default
+    weights alike (name each instead)."""
+    given = args.ntl_weight or []
+    weighted = [loss for loss in losses if systems.trains_ntl(loss)]
+    names = set(weighted) | {loss.removeprefix(GCE_PREFIX) for loss in weighted}
+    wrong = list(dict.fromkeys(str(w) for w in given if w.loss is not None and w.loss not in names))
+    if wrong:
+        raise ValueError(f"--ntl-weight LOSS=LAMBDA expected LOSS one of the compared losses with a weight "
+                         f"({', '.join(weighted) or 'none'}), got {' '.join(wrong)}")
+    every = [str(w) for w in given if w.loss is None]
+    unnamed = [loss for loss in weighted if not _named(given, loss)]
+    if every and len({systems.default_weight(loss) for loss in unnamed}) > 1:
+        defaults = ", ".join(f"{loss} {systems.default_weight(loss):g}" for loss in unnamed)
+        raise ValueError(f"--ntl-weight {' '.join(every)} would weigh losses of different default weights "
+                         f"({defaults}) alike; expected each named: --ntl-weight "
+                         + " ".join(f"{loss}=LAMBDA" for loss in unnamed))
 
 
 def _config(args: argparse.Namespace, spec: RunSpec):

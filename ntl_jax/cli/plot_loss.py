@@ -103,12 +103,9 @@ def loss_curves(digit: int, distributions: np.ndarray) -> dict[str, np.ndarray]:
     targets = jnp.full((len(distributions), 1), 2 + digit, jnp.int32)
     ce = [float(ntl_jax.weighted_cross_entropy(logits[i:i + 1], targets[i:i + 1])[0])
           for i in range(len(distributions))]
-    mse = ntl_jax.ntl_dot(logits, targets, number_tokens, ntl_kind="mse")[:, 0]
-    was = ntl_jax.ntl_was(logits, targets, number_tokens)[:, 0]
-    successors = {name: ntl_jax.number_token_loss(logits, targets, number_tokens, ntl_kind=kind)[:, 0]
-                  for name, kind in (("DEL", "del"), ("DIST²", "dist2"))}
-    return {"CE": np.asarray(ce), "NTL-MSE": np.asarray(mse), "NTL-WAS": np.asarray(was)} | {
-        name: np.asarray(loss) for name, loss in successors.items()}
+    number_losses = {name: ntl_jax.number_token_loss(logits, targets, number_tokens, number_loss=spec)[:, 0]
+                     for name, spec in (("NTL-MSE", "mse"), ("NTL-WAS", "was"), ("DEL", "del"), ("DIST²", "dist2"))}
+    return {"CE": np.asarray(ce)} | {name: np.asarray(loss) for name, loss in number_losses.items()}
 
 
 def peaked(confidence: float) -> np.ndarray:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
 
-from ntl_jax._core.variants import KINDS
+from ntl_jax.cli import REFUSED
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli.flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
+from ntl_jax.losses import NAMES
 from ntl_jax.train import systems
 from ntl_jax.train.data import EVAL_CHOICES
+from ntl_jax.train.loss_names import GCE_PREFIX
 
 # Defaults shared with `ntl-jax compare` (its defaults are this run at three losses).
 # arithmetic__add_or_sub rather than the paper's add_sub_multiple ablation module: at
@@ -20,14 +23,17 @@ from ntl_jax.train.data import EVAL_CHOICES
 DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
                 batch_size=32, learning_rate=3e-3, warmup_steps=100,
                 train_examples=20_000, eval_examples=500)
-# "ce" and "ntl-<variant>" for every variant in `ntl_jax._core.variants.VARIANTS` ("del",
-# "dist2" and "smmd" for NTL's successors), and the same on the Gaussian-smoothed cross-entropy, "gce"
-# and "gce+<loss>" (`step.LOSS_KINDS`).
-_NTL = tuple(systems.loss_name(kind) for kind in KINDS)
-LOSSES = ("ce", "gce") + _NTL + tuple("gce+" + loss for loss in _NTL)
-# `--loss` choices: LOSSES (the token-head losses of `step.LOSS_KINDS`) and the paper's
+# "ce" and the trainer's name of every number loss of `ntl_jax.losses` ("ntl-<variant>"; "del",
+# "dist2" and "smmd" for NTL's successors), and the same on the Gaussian-smoothed cross-entropy,
+# "gce" and "gce+<loss>" (`ntl_jax.train.loss_names`); each number loss also takes its
+# parameters in parentheses, as in its spec: "smmd(mode=mmd)".
+NUMBER_LOSSES = tuple(systems.loss_name(name) for name in NAMES)
+LOSSES = ("ce", "gce") + NUMBER_LOSSES + tuple("gce+" + loss for loss in NUMBER_LOSSES)
+# The `--loss` names: LOSSES (the token-head losses, `ntl_jax.train.step`) and the paper's
 # baselines (`ntl_jax.train.systems`).
 CHOICES = LOSSES + systems.BASELINES
+# Flags 0.3.0 removed, by the number loss whose weight they held: `--ntl-weight LOSS=LAMBDA`.
+REMOVED_WEIGHT_FLAGS = {"--del-weight": "del", "--dist2-weight": "dist2", "--smmd-weight": "smmd"}
 PRESETS = ("micro", "tiny", "small", "base")
 ARCHITECTURES = ("encoder-decoder", "decoder-only")
 
@@ -37,6 +43,76 @@ def architecture(args: argparse.Namespace) -> str:
     if args.architecture:
         return args.architecture
     return "decoder-only" if args.module == "multiplication" else "encoder-decoder"
+
+
+def system(text: str) -> str:
+    """An argparse `type`: a system name (`CHOICES`, a number loss with its parameters in
+    parentheses), as runs record it (`systems.canonical`)."""
+    try:
+        return systems.canonical(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Weight:
+    """One `--ntl-weight` value: λ for `loss` only, or (`loss` None) for every loss."""
+
+    value: float
+    loss: str | None = None
+
+    def __str__(self) -> str:  # as it is written on the command line and recorded
+        return f"{self.loss}={self.value!r}" if self.loss else repr(self.value)
+
+
+def weight(text: str) -> Weight:
+    """An argparse `type`: `LAMBDA` or `LOSS=LAMBDA` (a system name as `system` reads it)."""
+    loss, equals, value = text.rpartition("=")
+    if not equals:
+        return Weight(finite_non_negative_float(text.strip()))
+    try:
+        value = finite_non_negative_float(value.strip())
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected LAMBDA or LOSS=LAMBDA, LAMBDA a finite number >= 0, got "
+                                         f"{text!r}") from None
+    try:
+        return Weight(value, systems.canonical(loss.strip()))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected LAMBDA or LOSS=LAMBDA, got {text!r}: {e}") from None
+
+
+class _RemovedWeightFlag(argparse.Action):
+    """A weight flag 0.3.0 removed: refused with the `--ntl-weight` that replaces it. The
+    refusal (`REFUSED`, read once all flags are parsed: `ntl_jax.cli`) names every such
+    flag of the command line at once, so one message gives the whole new form."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, argparse.SUPPRESS, nargs="*", help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        loss = REMOVED_WEIGHT_FLAGS[self.option_strings[0]]
+        given = [f"{loss}={value}" for value in values] or [f"{loss}=LAMBDA"]
+        flags, weights = getattr(namespace, "_removed_weight_flags", ([], []))
+        flags, weights = flags + [option_string], weights + given
+        setattr(namespace, "_removed_weight_flags", (flags, weights))
+        setattr(namespace, REFUSED, f"{', '.join(flags)} {'was' if len(flags) == 1 else 'were'} removed in "
+                                    f"ntl-jax 0.3.0: each loss's weight is --ntl-weight [LOSS=]LAMBDA; use "
+                                    f"--ntl-weight {' '.join(weights)}")
+
+
+def weight_of(args: argparse.Namespace, loss: str) -> float:
+    """`train`'s `--ntl-weight` for `loss`, or the loss's default (`systems.default_weight`).
+    `LOSS=LAMBDA` names `loss`, or for "gce+<loss>" also "<loss>", as `compare` reads it.
+
+    Raises:
+      ValueError: `--ntl-weight LOSS=LAMBDA` names another loss than `loss`.
+    """
+    given = getattr(args, "ntl_weight", None)
+    if not isinstance(given, Weight):  # compare's list: per run, in overrides
+        return systems.default_weight(loss)
+    if given.loss is not None and given.loss not in (loss, loss.removeprefix(GCE_PREFIX)):
+        raise ValueError(f"--ntl-weight expected LAMBDA or {loss}=LAMBDA (the loss trained), got {given}")
+    return given.value
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
@@ -67,18 +143,16 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                    help="peak learning rate (default: %(default)s)")
     g.add_argument("--warmup-steps", type=non_negative_int, default=defaults["warmup_steps"],
                    help="(default: %(default)s)")
-    g.add_argument("--ntl-weight", type=finite_non_negative_float, default=[0.3] if sweep else 0.3,
-                   nargs="+" if sweep else None, metavar="LAMBDA",
-                   help="lambda in CE + lambda * NTL (the ntl-* losses)" + (", several to sweep it" if sweep else "")
-                        + " (default: %(default)s)")
-    # DEL's and DIST²'s authors' settings on this objective; SMMD's released module adds its
-    # loss unweighted (docs/guides/losses.md, "Weights").
-    for name, default, what in (("del", 0.001, "DEL"), ("dist2", 0.1, "DIST²"), ("smmd", 1.0, "SMMD")):
-        g.add_argument(f"--{name}-weight", type=finite_non_negative_float,
-                       default=[default] if sweep else default, nargs="+" if sweep else None,
-                       metavar="LAMBDA",
-                       help=f"lambda in CE + lambda * {what} for the losses {name} and gce+{name}"
-                            + (", several to sweep it" if sweep else "") + " (default: %(default)s)")
+    g.add_argument("--ntl-weight", type=weight, default=None, nargs="+" if sweep else None,
+                   action="extend" if sweep else "store", metavar="[LOSS=]LAMBDA",
+                   help="lambda in CE + lambda * the number loss; LOSS=LAMBDA for the loss LOSS only"
+                        + (", LAMBDA for every loss not named so; several (or the flag again) to sweep"
+                           if sweep else "")
+                        + " (default: each loss's own: "
+                        + ", ".join(f"{name} {value:g}" for name, value in systems.DEFAULT_WEIGHTS.items())
+                        + f", {systems.NTL_WEIGHT:g} for the others)")
+    for flag in REMOVED_WEIGHT_FLAGS:
+        g.add_argument(flag, action=_RemovedWeightFlag)
     g.add_argument("--eval-split", choices=EVAL_CHOICES, default="test",
                    help="test: score on the task's test splits; validation: on held-out "
                         "problems drawn like the training ones (none of the run's training "
@@ -114,8 +188,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--loss", choices=CHOICES, default="ntl-was",
-                        help="ce: cross-entropy only; ntl-*: CE + lambda * NTL; gce, gce+ntl-*: the "
+    parser.add_argument("--loss", type=system, default="ntl-was", metavar="LOSS",
+                        help="ce: cross-entropy only; a number loss of ntl_jax.losses, "
+                             f"{', '.join(NUMBER_LOSSES)}: CE + lambda * it, its parameters in parentheses as in "
+                             "its spec (ntl_jax.losses.parse), e.g. 'smmd(mode=mmd)'; gce, gce+<number loss>: the "
                              "same with the Gaussian-smoothed cross-entropy (--gce-sigma); "
                              "regression-head: the encoder's mean-pooled output -> a linear layer, "
                              "MSE on sign(x) log1p(|x|) of the answer x (a baseline); "
@@ -147,7 +223,7 @@ def make_config(args: argparse.Namespace, loss: str, seed: int, **overrides):
                       architecture=arch, eval_split=getattr(args, "eval_split", "test"))
     fields = dict(loss=loss, preset=args.preset, architecture=arch, steps=args.steps,
                   seed=seed, optimizer=args.optimizer, learning_rate=args.learning_rate,
-                  warmup_steps=args.warmup_steps, ntl_weight=getattr(args, systems.weight_flag(loss)),
+                  warmup_steps=args.warmup_steps, ntl_weight=weight_of(args, loss),
                   dropout_rate=getattr(args, "dropout_rate", 0.0),
                   fused_loss=args.fused_loss, rt_float_encodings=getattr(args, "rt_float_encodings", True),
                   data=data,

@@ -3,21 +3,51 @@
 MaxText has no hook for a loss: its programs find `loss_fn`, `train_step`, `eval_step`
 and `MetricLogger` as module attributes when they run, so each entry point swaps those
 attributes for the wrapped ones (`loss.py`, `metrics.py`) and puts them back afterwards.
-MaxText's own code is not copied or changed.
+MaxText's own code is not copied or changed, so what it relies on is checked: MaxText's
+version against those tested (`check_maxtext_version`), and while a step is traced,
+what its vocabulary tiles do (`tiles.py`, `step.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import os
+from importlib import metadata
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ntl_jax.maxtext import tiles
-from ntl_jax.maxtext.loss import NTL_SUM, NUMBER_TARGETS, number_eval_step, number_loss_fn, number_train_step
+from ntl_jax.maxtext import step, tiles
+from ntl_jax.maxtext.loss import (
+    NTL_SUM,
+    NTL_WEIGHT_SUM,
+    NUMBER_TARGETS,
+    number_eval_step,
+    number_loss_fn,
+    number_train_step,
+)
 from ntl_jax.maxtext.metrics import number_metric_logger
 from ntl_jax.maxtext.settings import NumberLossSettings, split_argv
+
+# The MaxText releases the tests (tests/maxtext) ran with.
+TESTED_MAXTEXT = ("0.2.5",)
+# Set to 1 to launch on another MaxText, after tests/maxtext pass with it (.ci/maxtext).
+UNTESTED_MAXTEXT_ENV = "NTL_JAX_UNTESTED_MAXTEXT"
+
+
+def check_maxtext_version() -> None:
+    """Raises `RuntimeError` if the MaxText installed is none of `TESTED_MAXTEXT`, unless
+    `NTL_JAX_UNTESTED_MAXTEXT=1`: the integration replaces MaxText's functions by their
+    names and relies on what they do, which a release may change."""
+    version = metadata.version("maxtext")
+    if version in TESTED_MAXTEXT or os.environ.get(UNTESTED_MAXTEXT_ENV) == "1":
+        return
+    raise RuntimeError(
+        f"expected MaxText {' or '.join(TESTED_MAXTEXT)}, the version(s) ntl_jax.maxtext is tested with, got maxtext "
+        f"{version}. Install the tested one (pip install -e '.[maxtext]', which pins it), or run tests/maxtext "
+        f"with {version} (.ci/maxtext) and, if they pass, launch with {UNTESTED_MAXTEXT_ENV}=1")
 
 
 @contextlib.contextmanager
@@ -34,11 +64,12 @@ def _replaced(*replacements):
 
 
 def launch(argv: Sequence[str], program: str,
-           installed: Callable[[NumberLossSettings], contextlib.AbstractContextManager]) -> None:
+           installed: Callable[[NumberLossSettings], contextlib.AbstractContextManager], **settings) -> None:
     """Runs the MaxText module `program`'s `main` on `argv` less its `ntl_*` arguments,
     inside `installed(settings)` (`pretraining` or `fine_tuning`) of the settings they
-    make. The settings are checked before MaxText is imported."""
-    maxtext_argv, settings = split_argv(argv)
+    make with `settings` (`NumberLossSettings` fields from Python: `number_loss=` a
+    `NumberLoss`). The settings and MaxText's version are checked before MaxText runs."""
+    maxtext_argv, settings = split_argv(argv, **settings)
     with installed(settings):
         importlib.import_module(program).main(maxtext_argv)
 
@@ -46,6 +77,7 @@ def launch(argv: Sequence[str], program: str,
 def pretraining(settings: NumberLossSettings):
     """A context in which MaxText's pretraining programs (`train`, `train_compile`)
     train on CE + NTL and log NTL."""
+    check_maxtext_version()
     from maxtext.common import metric_logger
     from maxtext.trainers.pre_train import train
 
@@ -61,7 +93,9 @@ def pretraining(settings: NumberLossSettings):
 def fine_tuning(settings: NumberLossSettings):
     """A context in which MaxText's supervised fine-tuning (`train_sft`, Tunix's
     `PeftTrainer` on MaxText's `loss_fn`) trains on CE + NTL and logs NTL: Tunix's
-    metrics as `ntl`, MaxText's as `learning/ntl` and `eval/avg_ntl`."""
+    metrics as `ntl` and `ntl_term`, MaxText's as `learning/ntl`, `learning/ntl_term` and
+    `eval/avg_ntl`."""
+    check_maxtext_version()
     from maxtext.trainers.post_train import hooks as post_train_hooks
     from maxtext.trainers.post_train.sft import hooks as sft_hooks
     from maxtext.trainers.post_train.sft import train_sft
@@ -69,7 +103,7 @@ def fine_tuning(settings: NumberLossSettings):
     return _replaced(
         *_in_tiles(settings),
         (train_sft, "loss_fn", number_loss_fn(train_sft.loss_fn, settings)),
-        (train_sft, "MaxTextPeftTrainer", _number_peft_trainer(train_sft.MaxTextPeftTrainer)),
+        (train_sft, "MaxTextPeftTrainer", _number_peft_trainer(train_sft.MaxTextPeftTrainer, settings)),
         (sft_hooks, "SFTTrainingHooks", _number_sft_hooks(sft_hooks.SFTTrainingHooks)),
         (post_train_hooks, "MetricLogger", number_metric_logger(post_train_hooks.MetricLogger)),
     )
@@ -86,39 +120,58 @@ def _in_tiles(settings: NumberLossSettings) -> list:
             (vocabulary_tiling, "max_utils", tiles.tile_max_utils())]
 
 
-def _buffer_ntl(buffer, aux) -> None:
+def _buffer_ntl(buffer, aux, weight: float) -> None:
     # As ntl_jax.tunix's trainer logs its parts: each step's value joins the buffer the
     # trainer writes through Tunix's metrics logger.
     if buffer is None or aux is None or NTL_SUM not in aux:
         return
-    for name, value in (("ntl", aux[NTL_SUM] / np.maximum(aux["total_weights"], 1)),
+    for name, value in (("ntl", aux[NTL_SUM] / np.maximum(aux[NTL_WEIGHT_SUM], 1)),
+                        ("ntl_term", weight * aux[NTL_SUM] / np.maximum(aux["total_weights"], 1)),
                         ("number_targets", aux[NUMBER_TARGETS])):
         values, _ = buffer.additional_metrics.setdefault(name, ([], np.mean))
         values.append(value)
 
 
-def _number_peft_trainer(stock_trainer_class):
+def _in_step(step_fn, *, train: bool):
+    """`step_fn` traced in a `step.step` (what MaxText's own steps run in, `loss.py`)."""
+    @functools.wraps(step_fn)
+    def traced(*args, **kwargs):
+        with step.step(train=train):
+            return step_fn(*args, **kwargs)
+
+    return traced
+
+
+def _number_peft_trainer(stock_trainer_class, settings: NumberLossSettings):
     class NumberLossPeftTrainer(stock_trainer_class):
-        """MaxText's `PeftTrainer`, logging NTL (`ntl`) through Tunix's metrics logger."""
+        """MaxText's `PeftTrainer`, its steps traced each in a `step.step`, logging NTL
+        (`ntl`, `ntl_term`) through Tunix's metrics logger."""
+
+        def create_train_step_fn(self):
+            return _in_step(super().create_train_step_fn(), train=True)
+
+        def create_eval_step_fn(self):
+            return _in_step(super().create_eval_step_fn(), train=False)
 
         def _post_process_train_step(self, aux):
             super()._post_process_train_step(aux)
-            _buffer_ntl(self._buffered_train_metrics, aux)
+            _buffer_ntl(self._buffered_train_metrics, aux, settings.weight)
 
         def _post_process_eval_step(self, aux):
             super()._post_process_eval_step(aux)
-            _buffer_ntl(self._buffered_eval_metrics, aux)
+            _buffer_ntl(self._buffered_eval_metrics, aux, settings.weight)
 
     return NumberLossPeftTrainer
 
 
 def _number_sft_hooks(stock_hooks_class):
     class NumberLossSFTTrainingHooks(stock_hooks_class):
-        """MaxText's SFT hooks, writing Tunix's `ntl` into MaxText's metrics."""
+        """MaxText's SFT hooks, writing Tunix's `ntl`, `ntl_term` and `number_targets` into
+        MaxText's metrics."""
 
         def _pend(self, train_ctx, mode: str, prefix: str) -> None:
-            for tunix_name, name in (("ntl", "ntl" if mode == "train" else "avg_ntl"),
-                                     ("number_targets", "number_targets")):
+            names = (("ntl", "ntl"), ("ntl_term", "ntl_term")) if mode == "train" else (("ntl", "avg_ntl"),)
+            for tunix_name, name in (*names, ("number_targets", "number_targets")):
                 try:  # the latest value (Tunix's get_metric is the mean of them all)
                     history = train_ctx.metrics_logger.get_metric_history(train_ctx.metrics_prefix, tunix_name, mode)
                 except Exception:  # noqa: BLE001 - as MaxText's hooks read Tunix's optional metrics

@@ -12,9 +12,9 @@ which `ntl_jax.ntl_from_number_logits` computes NTL.
 That route reads nothing of the `[batch, length, vocab]` logits. A second reader of them
 would make XLA write them out where MaxText's step otherwise fuses the head's matmul into
 its cross-entropy and never does (a `[batch, length, vocab]` buffer per device more:
-docs/guides/maxtext.md). The kinds that read a whole sequence (`number_level`, `del`) see
-it in order, and NTL's own cost is an `N`-column matmul and the scatter of its gradient
-into the head's.
+docs/guides/maxtext.md). The losses that read a whole sequence (`number_level`, `del`)
+see it in order, and NTL's own cost is an `N`-column matmul and the scatter of its
+gradient into the head's.
 
 The hidden states are the input of the decoder's `apply_output_head` (caught while
 MaxText's `loss_fn` runs), or under vocabulary tiling the `hidden_states` the decoder
@@ -22,8 +22,10 @@ sows. NTL is masked and normalised as MaxText's cross-entropy: positions with
 `targets_segmentation != 0`, divided by their count (not under MaxText's own gradient
 accumulation, which divides the summed gradient). MaxText's `xent_sum`, and so its
 `lm_loss`, perplexity and evaluation loss, stay cross-entropy only; its `learning/loss`
-is the objective trained on. `number_train_step` and `number_eval_step` add
-`learning/ntl` and `evaluation/ntl_sum` to MaxText's metrics from the loss's aux.
+is the objective trained on. `number_train_step` and `number_eval_step` trace MaxText's
+steps each in a `step.step` and add `learning/ntl` (NTL's mean over the positions it
+counts), `learning/ntl_term` (what it adds to the loss) and the evaluation's sums to
+MaxText's metrics from the loss's aux.
 """
 
 from __future__ import annotations
@@ -35,29 +37,30 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ntl_jax._core import number_stats, pipeline
+from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.losses import ntl_from_number_logits
-from ntl_jax.maxtext import tiles
+from ntl_jax.maxtext import step
 from ntl_jax.maxtext.settings import NumberLossSettings, check_config
 from ntl_jax.maxtext.tokens import number_tokens
 
 # Added to the aux of MaxText's loss_fn; summed over microbatches by its gradient accumulation.
-NTL_SUM = "ntl_sum"
-NUMBER_TARGETS = "number_targets"
+NTL_SUM = "ntl_sum"  # the number loss summed over the positions it counts
+NTL_WEIGHT_SUM = "ntl_weight_sum"  # how many positions it counts: NTL's mean is NTL_SUM / NTL_WEIGHT_SUM
+NUMBER_TARGETS = "number_targets"  # how many real targets are number tokens
 
 
 class LossAux(dict):
-    """MaxText's loss aux, a pytree whose every rebuild is published to the step wrappers
-    (`_published_aux`): MaxText's steps read their loss aux after `value_and_grad` or
-    its gradient-accumulation scan, where only the rebuilt dict holds values of the
-    step's own trace, and keep it to themselves."""
-
-
-_BOXES: list[list] = []
+    """MaxText's loss aux, a pytree whose every rebuild is handed to the step being traced
+    (`step.Step.aux`): MaxText's steps read their loss aux after `value_and_grad` or its
+    gradient-accumulation scan, where only the rebuilt dict holds values of the step's
+    own trace, and keep it to themselves."""
 
 
 def _publish(aux: LossAux) -> LossAux:
-    if _BOXES:
-        _BOXES[-1][:] = [aux]
+    state = step.current()
+    if state is not None:
+        state.aux[:] = [aux]
     return aux
 
 
@@ -78,22 +81,11 @@ def _unflatten(keys, values):
 jax.tree_util.register_pytree_with_keys(LossAux, _flatten_with_keys, _unflatten, _flatten)
 
 
-@contextlib.contextmanager
-def _published_aux():
-    """Yields a list that holds, when the block ends, the last `LossAux` built in it."""
-    box: list = []
-    _BOXES.append(box)
-    try:
-        yield box
-    finally:
-        _BOXES.pop()
-
-
-def _last(box: list, where: str) -> LossAux:
-    if not box:
+def _last_aux(state: step.Step, where: str) -> LossAux:
+    if not state.aux:
         raise RuntimeError(f"expected MaxText's {where} to call the loss installed by ntl_jax.maxtext; it did not "
                            "(a MaxText version this integration was not made for?)")
-    return box[0]
+    return state.aux[0]
 
 
 @contextlib.contextmanager
@@ -148,21 +140,45 @@ def number_logits(model, config, hidden, ids, deterministic) -> jax.Array:
     return local.logits_from_hidden_states_for_vocab_tiling(hidden, deterministic, "train")
 
 
+def counted_weight(targets, weights, numbers, number_loss) -> jax.Array:
+    """The weight of the positions `number_loss` counts (`weights` `[batch, length]`):
+    what its mean divides by, as `cross_entropy_and_ntl`'s `ntl_weight_sum`. Read from
+    the targets with stand-in logits, as inside the tiles: the positions a loss counts are
+    its targets' (the number targets, or each number's first token)."""
+    def head_of(target, reads, with_masses):
+        stand_in = jnp.zeros(target.keep.shape + (numbers.num_numbers,), jnp.float32)
+        return HeadStats(None, None, None, number_stats.from_columns(stand_in, target, numbers, reads), None)
+
+    run = pipeline.run(head_of, targets, jnp.asarray(weights, jnp.float32), numbers.vocab_size, numbers, number_loss)
+    _, counted = pipeline.number_loss_at(run.head, run.target, numbers, number_loss)
+    return jnp.sum(jnp.where(counted, run.weights, 0.0))
+
+
 def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
     """MaxText's `loss_fn` with `settings.weight` x NTL added to its loss, and the aux
-    holding `ntl_sum` (NTL summed over the real targets) and `number_targets` (how many of
-    those are number tokens). `settings.kind == "none"` is MaxText's loss itself."""
+    holding `ntl_sum` (NTL summed over the real targets), `ntl_weight_sum` (how many of
+    them it counts) and `number_targets` (how many are number tokens). Without a number
+    loss (`settings.number_loss` None) it is MaxText's loss itself."""
     if not settings.computes_ntl:
         return stock_loss_fn
     from maxtext.utils.globals import EPS
+
+    number_loss = settings.number_loss
 
     @functools.wraps(stock_loss_fn)
     def loss_fn(model, config, data, dropout_rng, params, sparsity_state=None, is_train=True):
         check_config(config, settings)
         numbers = number_tokens(config, digit_level=settings.digit_level, prefixed_numbers=settings.prefixed_numbers)
-        with _head_inputs(model.decoder) as seen, tiles.ntl_sums() as in_tiles:
-            loss, aux = stock_loss_fn(model, config, data, dropout_rng, params, sparsity_state=sparsity_state,
-                                      is_train=is_train)
+        state, in_tiles = step.current(), []
+        if state is not None:
+            state.receivers.append(in_tiles)
+        try:
+            with _head_inputs(model.decoder) as seen:
+                loss, aux = stock_loss_fn(model, config, data, dropout_rng, params, sparsity_state=sparsity_state,
+                                          is_train=is_train)
+        finally:
+            if state is not None:
+                state.receivers.pop()
         # stock_loss_fn cut `data` to the micro-batch it trained on, in place.
         targets, real = data["targets"], data["targets_segmentation"] != 0
         if in_tiles:
@@ -172,66 +188,69 @@ def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
         else:
             hidden, deterministic = _final_hidden(seen, aux, config, is_train)
             columns = number_logits(model, config, hidden, numbers.ids, deterministic)
-            per_token = ntl_from_number_logits(columns, targets, numbers, ntl_kind=settings.kind, weights=real,
-                                               squash_factor=settings.squash_factor,
-                                               max_number_length=settings.max_number_length, **settings.smmd)
-            ntl_sum = jnp.sum(per_token)
+            ntl_sum = jnp.sum(ntl_from_number_logits(columns, targets, numbers, number_loss=number_loss, weights=real))
         manual_accumulation = config.gradient_accumulation_steps > 1 and not config.use_tunix_gradient_accumulation
         if settings.weight > 0:
             # The normalisation of MaxText's own cross-entropy term.
             term = ntl_sum if manual_accumulation else ntl_sum / (aux["total_weights"] + EPS)
             loss = loss + settings.weight * term
         is_number = jnp.any(targets[..., None] == jnp.asarray(numbers.ids), axis=-1) & real
-        return loss, _publish(LossAux(aux, **{NTL_SUM: ntl_sum, NUMBER_TARGETS: jnp.sum(is_number)}))
+        return loss, _publish(LossAux(aux, **{NTL_SUM: ntl_sum,
+                                              NTL_WEIGHT_SUM: counted_weight(targets, real, numbers, number_loss),
+                                              NUMBER_TARGETS: jnp.sum(is_number)}))
 
     return loss_fn
 
 
-def ntl_metrics(aux, prefix: str) -> dict:
-    """`{prefix}/ntl` (NTL over the real targets, the term `ntl_weight` multiplies) and
-    `{prefix}/number_targets` from a step's loss aux."""
+def ntl_metrics(aux, prefix: str, weight: float) -> dict:
+    """From a step's loss aux: `{prefix}/ntl`, NTL's mean over the positions it counts
+    (`cross_entropy_and_ntl`'s `parts["ntl"]`, 0 where none); `{prefix}/ntl_term`, what
+    `weight` x NTL adds to the loss (its sum over the real targets' count, as MaxText's
+    cross-entropy); `{prefix}/number_targets`."""
     from maxtext.utils.globals import EPS
 
-    return {f"{prefix}/ntl": aux[NTL_SUM] / (aux["total_weights"] + EPS),
+    return {f"{prefix}/ntl": aux[NTL_SUM] / jnp.maximum(aux[NTL_WEIGHT_SUM], EPS),
+            f"{prefix}/ntl_term": weight * aux[NTL_SUM] / (aux["total_weights"] + EPS),
             f"{prefix}/number_targets": aux[NUMBER_TARGETS]}
 
 
 def number_train_step(stock_train_step, settings: NumberLossSettings):
-    """MaxText's `train_step` with `learning/ntl` and `learning/number_targets` among its
-    scalar metrics; its `learning/loss` is the objective under gradient accumulation too
-    (whose loss MaxText rebuilds from the cross-entropy alone)."""
+    """MaxText's `train_step`, traced in a `step.step`, with `learning/ntl`,
+    `learning/ntl_term` and `learning/number_targets` among its scalar metrics; its
+    `learning/loss` is the objective under gradient accumulation too (whose loss MaxText
+    rebuilds from the cross-entropy alone)."""
     if not settings.computes_ntl:
         return stock_train_step
 
     @functools.wraps(stock_train_step)
     def train_step(model, config, state_mesh_shardings, params_shardings, state, data, dropout_rng=None):
-        with _published_aux() as box:
+        with step.step(train=True) as traced:
             new_state, metrics = stock_train_step(model, config, state_mesh_shardings, params_shardings, state, data,
                                                   dropout_rng)
-        aux = _last(box, "train_step")
+        aux = _last_aux(traced, "train_step")
         scalars = metrics["scalar"]
-        scalars.update(ntl_metrics(aux, "learning"))
+        scalars.update(ntl_metrics(aux, "learning", settings.weight))
         if config.gradient_accumulation_steps > 1 and settings.weight > 0:
-            scalars["learning/loss"] = scalars["learning/loss"] + settings.weight * aux[NTL_SUM] / jnp.maximum(
-                aux["total_weights"], 1)
+            scalars["learning/loss"] = scalars["learning/loss"] + scalars["learning/ntl_term"]
         return new_state, metrics
 
     return train_step
 
 
 def number_eval_step(stock_eval_step, settings: NumberLossSettings):
-    """MaxText's `eval_step` with `evaluation/ntl_sum` and `evaluation/number_targets`,
-    which `NumberLossMetricLogger` sums over an evaluation into `eval/avg_ntl`."""
+    """MaxText's `eval_step`, traced in a `step.step`, with `evaluation/ntl_sum`,
+    `evaluation/ntl_weight_sum` and `evaluation/number_targets`, which
+    `NumberLossMetricLogger` sums over an evaluation into `eval/avg_ntl`."""
     if not settings.computes_ntl:
         return stock_eval_step
 
     @functools.wraps(stock_eval_step)
     def eval_step(model, config, state, data, dropout_rng=None):
-        with _published_aux() as box:
+        with step.step(train=False) as traced:
             metrics = stock_eval_step(model, config, state, data, dropout_rng)
-        aux = _last(box, "eval_step")
-        metrics["scalar"]["evaluation/ntl_sum"] = aux[NTL_SUM]
-        metrics["scalar"]["evaluation/number_targets"] = aux[NUMBER_TARGETS]
+        aux = _last_aux(traced, "eval_step")
+        for key in (NTL_SUM, NTL_WEIGHT_SUM, NUMBER_TARGETS):
+            metrics["scalar"][f"evaluation/{key}"] = aux[key]
         return metrics
 
     return eval_step

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 
 def number_metric_logger(stock_logger_class):
-    """A subclass of MaxText's `MetricLogger` that sums `evaluation/ntl_sum` and
-    `evaluation/number_targets` over an evaluation into `eval/avg_ntl` (NTL over the
-    evaluation's real targets, as `eval/avg_loss` is its cross-entropy) and
-    `eval/number_targets`, logs NTL beside MaxText's own line, and writes the scalars in
-    `pending_scalars` with the next metrics it writes.
+    """A subclass of MaxText's `MetricLogger` that sums `evaluation/ntl_sum`,
+    `evaluation/ntl_weight_sum` and `evaluation/number_targets` over an evaluation into
+    `eval/avg_ntl` (NTL's mean over the positions it counts in the evaluation's real
+    targets, as `learning/ntl` is a step's) and `eval/number_targets`, logs NTL beside
+    MaxText's own line, and writes the scalars in `pending_scalars` with the next metrics
+    it writes.
 
     MaxText empties its `metrics_file` whenever it writes a line of step 0, and each
     evaluation's first running line is one: the training lines before an evaluation were
@@ -48,27 +49,30 @@ def number_metric_logger(stock_logger_class):
         def _accumulate_eval_metrics(self, metrics):
             super()._accumulate_eval_metrics(metrics)
             scalars, summed = metrics.get("scalar", {}), self.cumulative_eval_metrics["scalar"]
-            summed["eval/ntl_sum"] += float(scalars.get("evaluation/ntl_sum", 0.0))
-            summed["eval/number_targets"] += float(scalars.get("evaluation/number_targets", 0.0))
+            for name in ("ntl_sum", "ntl_weight_sum", "number_targets"):
+                summed[f"eval/{name}"] += float(scalars.get(f"evaluation/{name}", 0.0))
 
         def _finalize_eval_metrics(self, train_step):
             summed = self.cumulative_eval_metrics["scalar"]
-            summed["eval/avg_ntl"] = summed["eval/ntl_sum"] / (summed["eval/total_weights"] + EPS)
+            summed["eval/avg_ntl"] = summed["eval/ntl_sum"] / max(summed["eval/ntl_weight_sum"], EPS)
             super()._finalize_eval_metrics(train_step)
 
         def _log_training_metrics(self, metrics, step):
             super()._log_training_metrics(metrics, step)
-            _log_ntl(max_logging, metrics["scalar"], step, "learning/ntl", "learning/number_targets", "")
+            _log_ntl(max_logging, metrics["scalar"], step, "learning", "ntl", "")
 
         def _log_eval_metrics(self, metrics, step):
             super()._log_eval_metrics(metrics, step)
-            _log_ntl(max_logging, metrics["scalar"], step, "eval/avg_ntl", "eval/number_targets", "eval ")
+            _log_ntl(max_logging, metrics["scalar"], step, "eval", "avg_ntl", "eval ")
 
     return NumberLossMetricLogger
 
 
-def _log_ntl(max_logging, scalars, step, ntl_key, count_key, what):
-    if ntl_key in scalars:
+def _log_ntl(max_logging, scalars, step, prefix, ntl_name, what):
+    if f"{prefix}/{ntl_name}" in scalars:
         # Fine-tuning's counts are Tunix's means over a step's micro-batches.
-        count = f" over {float(scalars[count_key]):g} number targets" if count_key in scalars else ""
-        max_logging.log(f"{what}step {step}: ntl: {float(scalars[ntl_key]):.4f}{count}")
+        count = scalars.get(f"{prefix}/number_targets")
+        term = scalars.get(f"{prefix}/ntl_term")
+        max_logging.log(f"{what}step {step}: ntl: {float(scalars[f'{prefix}/{ntl_name}']):.4f}"
+                        + (f" over {float(count):g} number targets" if count is not None else "")
+                        + (f", ntl_term: {float(term):.4f}" if term is not None else ""))

@@ -8,36 +8,32 @@ import dataclasses
 import math
 from typing import Sequence
 
-from ntl_jax._core import checks, variants
+from ntl_jax._core import variants
 
 PREFIX = "ntl_"
+NUMBER_LOSS_KEY = "ntl_number_loss"
+# The key of 0.2 that named the loss (its parameters had a key each): refused, with the spec.
+_OLD_KIND_KEY = PREFIX + "kind"
 
 
 @dataclasses.dataclass(frozen=True)
 class NumberLossSettings:
     """What `ntl_*` keys set: the objective is MaxText's cross-entropy plus
-    `weight` x NTL of the kind `kind` (`ntl_jax.number_token_loss`'s `ntl_kind`).
+    `weight` x the number loss `number_loss`.
 
     - `weight` (`ntl_weight`): lambda, 0.3 in the paper; 0 trains on MaxText's own loss
       and still logs NTL;
-    - `kind` (`ntl_kind`): "was" (the paper's default), "mse", "mae", "huber",
-      "number_level", "number_level_float", "was_cdf", "del", "dist2", "smmd", or "none"
-      (MaxText's loss, NTL neither computed nor logged);
-    - `squash_factor` (`ntl_squash_factor`, with "was" or "smmd"), `max_number_length`
-      (`ntl_max_number_length`), `smmd_mode`, `smmd_sigma`, `smmd_alpha`
-      (`ntl_smmd_mode`, `ntl_smmd_sigma`, `ntl_smmd_alpha`, with "smmd"): as in
-      `ntl_jax.cross_entropy_and_ntl`;
+    - `number_loss` (`ntl_number_loss`): the loss as `ntl_jax.cross_entropy_and_ntl`'s
+      `number_loss` takes it: a spec (`"was"`, the paper's default; `"smmd(sigma=2,
+      mode=smooth)"`), read by `ntl_jax.losses.parse`; from Python a `NumberLoss`, one of
+      your own too; `"none"` or None: MaxText's loss, NTL neither computed nor logged.
+      Held as the `NumberLoss` it names;
     - `digit_level`, `prefixed_numbers` (`ntl_digit_level`, `ntl_prefixed_numbers`):
       which of the tokenizer's tokens are numbers, as in `NumberTokens.from_tokenizer`.
     """
 
     weight: float = 0.3
-    kind: str = "was"
-    squash_factor: float | None = None
-    max_number_length: int | None = None
-    smmd_mode: str | None = None
-    smmd_sigma: float | None = None
-    smmd_alpha: float | None = None
+    number_loss: variants.NumberLoss | str | None = "was"
     digit_level: bool = True
     prefixed_numbers: bool = False
 
@@ -45,31 +41,23 @@ class NumberLossSettings:
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) \
                 or not math.isfinite(self.weight) or self.weight < 0:
             raise ValueError(f"expected ntl_weight to be a finite number >= 0, got {self.weight!r}")
-        if self.kind != "none" and self.kind not in variants.KINDS:
-            raise ValueError(f"expected ntl_kind in {variants.KINDS + ('none',)}, got {self.kind!r}")
-        if self.squash_factor is not None and self.kind not in checks.SQUASHED_KINDS:
-            raise ValueError(f"ntl_squash_factor applies only to ntl_kind in {checks.SQUASHED_KINDS}, "
-                             f"got ntl_kind={self.kind}")
-        checks.check_smmd_options(self.kind, self.smmd_mode, self.smmd_sigma, self.smmd_alpha)
-
-    @property
-    def smmd(self) -> dict:
-        """SMMD's options, as `ntl_jax.ntl_from_number_logits` takes them."""
-        return dict(smmd_mode=self.smmd_mode, smmd_sigma=self.smmd_sigma, smmd_alpha=self.smmd_alpha)
+        try:
+            number_loss = variants.resolve(self.number_loss, NUMBER_LOSS_KEY)
+        except ValueError as error:
+            raise ValueError(f"{NUMBER_LOSS_KEY}={self.number_loss!r}: {error}") from None
+        object.__setattr__(self, "number_loss", number_loss)
+        for name in ("digit_level", "prefixed_numbers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"expected ntl_{name} to be true or false, got {getattr(self, name)!r}")
 
     @property
     def computes_ntl(self) -> bool:
-        return self.kind != "none"
+        return self.number_loss is not None
 
 
 _PARSERS = {
     "ntl_weight": ("weight", float),
-    "ntl_kind": ("kind", str),
-    "ntl_squash_factor": ("squash_factor", float),
-    "ntl_max_number_length": ("max_number_length", int),
-    "ntl_smmd_mode": ("smmd_mode", str),
-    "ntl_smmd_sigma": ("smmd_sigma", float),
-    "ntl_smmd_alpha": ("smmd_alpha", float),
+    NUMBER_LOSS_KEY: ("number_loss", str),
     "ntl_digit_level": ("digit_level", "bool"),
     "ntl_prefixed_numbers": ("prefixed_numbers", "bool"),
 }
@@ -84,28 +72,70 @@ def _parse(key: str, text: str):
     try:
         return field, kind(text)
     except ValueError:
-        raise ValueError(f"expected {key} to be {'an integer' if kind is int else 'a number'}, "
-                         f"got {key}={text}") from None
+        raise ValueError(f"expected {key} to be a number, got {key}={text}") from None
 
 
-def split_argv(argv: Sequence[str]) -> tuple[list[str], NumberLossSettings]:
+def _old_parameter(key: str) -> tuple[str, str] | None:
+    """`(loss, parameter)` for a key of 0.2 that set one loss's parameter: `ntl_<parameter>`
+    or `ntl_<loss>_<parameter>`, a parameter of a shipped loss; else None."""
+    word = key[len(PREFIX):]
+    for name in variants.NAMES:
+        if word.startswith(name + "_") and word[len(name) + 1:] in variants.parameters(name):
+            return name, word[len(name) + 1:]
+    for name in variants.NAMES:
+        if word in variants.parameters(name):
+            return name, word
+    return None
+
+
+def _refuse_old_keys(old: dict) -> None:
+    """Raises `ValueError` naming `ntl_number_loss`, and the spec that says what the keys
+    of 0.2 in `old` (`{key: text}`) said."""
+    loss = old.get(_OLD_KIND_KEY)
+    params = []
+    for key, text in old.items():
+        if key != _OLD_KIND_KEY:
+            name, param = _old_parameter(key)
+            loss = loss or name
+            params.append(f"{param}={text}")
+    spec = f"{loss}({', '.join(params)})" if params else loss
+    gone = "is no longer a key" if len(old) == 1 else "are no longer keys"
+    raise ValueError(f"{', '.join(old)} {gone} (ntl_jax 0.3.0): the number loss and its parameters are one "
+                     f"key, {NUMBER_LOSS_KEY}, a spec that ntl_jax.losses.parse reads; here "
+                     f"'{NUMBER_LOSS_KEY}={spec}'")
+
+
+def split_argv(argv: Sequence[str], **settings) -> tuple[list[str], NumberLossSettings]:
     """`(maxtext_argv, settings)`: `argv` (the program, the config file, `key=value`...)
-    without its `ntl_*` arguments, and the settings they make.
+    without its `ntl_*` arguments, and the settings they make, with `settings` (fields of
+    `NumberLossSettings` given from Python: `number_loss=` a `NumberLoss` of your own).
 
     Raises:
-      ValueError: an `ntl_*` key that is not known, given twice, or with a bad value.
+      ValueError: an `ntl_*` key that is not known (a key of 0.2: its spec named), given
+        twice, or with a bad value.
     """
-    kept, values = [], {}
+    kept, values, keys, old = [], {}, {field: key for key, (field, _) in _PARSERS.items()}, {}
     for i, arg in enumerate(argv):
         key, sep, text = str(arg).partition("=")
         if i < 2 or not sep or not key.startswith(PREFIX):
             kept.append(arg)
+            continue
+        if key == _OLD_KIND_KEY or (key not in _PARSERS and _old_parameter(key)):
+            old[key] = text
             continue
         if key not in _PARSERS:
             raise ValueError(f"expected an ntl_* key in {sorted(_PARSERS)}, got {key!r}")
         field, value = _parse(key, text)
         if field in values:
             raise ValueError(f"{key} is given twice")
+        values[field] = value
+    if old:
+        _refuse_old_keys(old)
+    for field, value in settings.items():
+        if field not in keys:
+            raise TypeError(f"expected settings among the fields of NumberLossSettings {sorted(keys)}, got {field}=")
+        if field in values:
+            raise ValueError(f"{keys[field]} is given twice: on the command line and as {field}= from Python")
         values[field] = value
     return kept, NumberLossSettings(**values)
 

@@ -2,7 +2,7 @@
 that a pod fits before booking it:
 
     python -m ntl_jax.maxtext.train_compile CONFIG.yml compile_topology=v5e-16 \
-        compile_topology_num_slices=1 key=value ... ntl_weight=0.3 ntl_kind=was
+        compile_topology_num_slices=1 key=value ... ntl_weight=0.3 ntl_number_loss=was
 
 Everything but the `ntl_*` keys goes to `maxtext.trainers.pre_train.train_compile`.
 """
@@ -14,8 +14,10 @@ from typing import Sequence
 from ntl_jax.maxtext.install import launch, pretraining
 
 
-def main(argv: Sequence[str]) -> None:
-    launch(argv, "maxtext.trainers.pre_train.train_compile", pretraining)
+def main(argv: Sequence[str], **settings) -> None:
+    """Runs it on `argv`; `settings`: `NumberLossSettings` fields from Python in place of
+    their keys (`number_loss=` a `NumberLoss` of your own)."""
+    launch(argv, "maxtext.trainers.pre_train.train_compile", pretraining, **settings)
 
 
 if __name__ == "__main__":

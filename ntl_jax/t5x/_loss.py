@@ -4,8 +4,8 @@
 that mixin computes lives here, in pure functions on arrays, so it is tested where T5X
 is not installed (T5X is not on PyPI):
 
-- `model_loss`: the loss to differentiate (`ntl_jax.cross_entropy_and_ntl`, with the
-  loss-normalising factor resolved once), the inputs of the stock
+- `model_loss`: the loss to differentiate (`ntl_jax.cross_entropy_and_ntl`: one
+  pass, `pipeline.run`, then `objective.objective_from_head`), the inputs of the stock
   `_compute_metrics` (mask, z-loss, segment ids) and the NTL metrics as plain totals
   and counts;
 - `number_quality_totals`: how well the number head regresses, as totals and counts;
@@ -28,11 +28,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntl_jax._core import checks, fused, head_stats, normalization, objective, vocab_parallel
-from ntl_jax._core.number_stats import NumberReads, expected_value
+from ntl_jax._core import checks, fused, head_stats, normalization, objective, pipeline, vocab_parallel
+from ntl_jax._core.losses import predict_numbers
+from ntl_jax._core.migration import check_no_old_keywords
+from ntl_jax._core.number_stats import expected_value
 from ntl_jax._core.number_tokens import NumberTokens
-from ntl_jax._core.options import NTL_KINDS, Options  # noqa: F401  (NTL_KINDS: the models re-export it)
+from ntl_jax._core.options import Options
 from ntl_jax._core.targets import number_target
+from ntl_jax._core.variants import NONE, NumberLoss
 from ntl_jax.flax import _linen
 
 
@@ -52,26 +55,26 @@ def _is_special(loss_normalizing_factor) -> bool:
 
 
 def resolve_weights(vocab: int, batch: Mapping[str, Any], loss_normalizing_factor):
-    """The effective per-token weights and the loss-normalising factor, resolved once.
+    """The loss-normalising factor and the effective per-token weights, as the loss
+    resolves them (`normalization.factor_and_weights`, inside `pipeline.run`).
 
     T5X's `get_loss_normalizing_factor_and_weights` on the batch, except that a
     position whose target id is outside `[0, vocab)` (the logits' last axis) has weight 0 before
     the factor is taken (the losses ignore such positions: they count neither in
     `NUM_REAL_TARGET_TOKENS` nor in a sequence's total for `AVERAGE_PER_SEQUENCE`).
     Without `decoder_loss_weights` the weights are T5X's for the factor: `targets > 0`
-    for a special factor, every position otherwise. This is the resolution
-    `ntl_jax.cross_entropy_and_ntl` makes (`normalization.resolve_weights_and_factor`).
+    for a special factor, every position otherwise.
 
     Returns:
-      `(weights, factor)`: `[batch, length]` float32, and None, the given number, or
-      the resolved special factor (at least 1, so an empty batch gives 0, not NaN).
+      `(factor, weights)`, the order of `ntl_jax.loss_normalizing_factor_and_weights`:
+      None, the given number, or the resolved special factor (at least 1, so an empty
+      batch gives 0, not NaN); and `[batch, length]` float32.
     """
-    weights, factor = normalization.resolve_weights_and_factor(
-        batch["decoder_target_tokens"], batch.get("decoder_loss_weights"), vocab,
-        loss_normalizing_factor,
+    factor, weights = normalization.factor_and_weights(
+        batch["decoder_target_tokens"], batch.get("decoder_loss_weights"), vocab, loss_normalizing_factor,
         decoder_segment_ids=batch.get("decoder_segment_ids"), decoder_positions=batch.get("decoder_positions"),
     )
-    return jnp.asarray(weights, jnp.float32), factor
+    return factor, jnp.asarray(weights, jnp.float32)
 
 
 def number_quality_totals(logits, targets, mask, number_tokens: NumberTokens) -> dict:
@@ -81,9 +84,10 @@ def number_quality_totals(logits, targets, mask, number_tokens: NumberTokens) ->
       taken under the softmax restricted to the number tokens;
     - `number_token_mass`: the full-vocabulary probability on number tokens.
 
-    Both are summed over the positions whose target is a number token and whose `mask`
-    is > 0 (`targets != 0` when `mask` is None), and `count` is the number of those
-    positions: plain means, whatever the loss-normalising factor. No gradient flows.
+    Both from `ntl_jax.predict_numbers`, summed over the positions whose target is a
+    number token and whose `mask` is > 0 (`targets != 0` when `mask` is None), and
+    `count` is the number of those positions: plain means, whatever the
+    loss-normalising factor. No gradient flows.
 
     Args:
       logits: `[batch, length, vocab]`.
@@ -91,11 +95,8 @@ def number_quality_totals(logits, targets, mask, number_tokens: NumberTokens) ->
       mask: `[batch, length]` or None.
       number_tokens: the output vocabulary's `NumberTokens`.
     """
-    logits = jax.lax.stop_gradient(logits)
-    everywhere = number_target(jnp.zeros(jnp.shape(targets), jnp.int32), None, jnp.shape(logits)[-1], number_tokens)
-    head = head_stats.from_logits(logits, everywhere, number_tokens, NumberReads(means=(expected_value,)),
-                                  reweigh=True)
-    return _number_totals(head.numbers.means[expected_value], head.masses[0], targets, mask, number_tokens)
+    value, mass = predict_numbers(jax.lax.stop_gradient(logits), number_tokens)
+    return _number_totals(value, mass, targets, mask, number_tokens)
 
 
 def _number_totals(value, mass, targets, mask, number_tokens: NumberTokens) -> dict:
@@ -113,8 +114,9 @@ def _number_totals(value, mass, targets, mask, number_tokens: NumberTokens) -> d
 
 def _predictions(head, number_tokens: NumberTokens):
     """`(value, number_mass)` `[batch, length]` from the head's statistics, without
-    gradient: the expected value the number statistics hold, and the mass from their
-    normaliser and the loss's; no further pass over the vocabulary."""
+    gradient: what `predict_numbers` computes, taken from the pass the loss made (the
+    expected value it read, the mass from its normalisers), no further pass over the
+    vocabulary."""
     value = jax.lax.stop_gradient(head.numbers.means[expected_value])
     if head.masses is not None:
         mass = head.masses[0]
@@ -132,12 +134,14 @@ class ModelLoss(NamedTuple):
       `_compute_metrics` as its `mask` (0 at padding, at weight-0 positions and at
       targets outside `[0, vocab)`; fractional for `AVERAGE_PER_SEQUENCE`, as T5X's);
     - `segment_ids`: the stock `_compute_metrics`'s `segment_ids`;
-    - `per_step`: `{name: total}` for per-step averages (`cross_ent_loss`, `ntl_loss`);
+    - `per_step`: `{name: total}` for per-step averages (`cross_ent_loss`, `ntl_term`);
     - `averages`: `{name: (total, count)}` for means (`cross_ent_loss_per_all_target_tokens`,
-      `ntl_loss_per_number_token`, `number_abs_error`, `number_token_mass`);
+      `ntl`, `number_abs_error`, `number_token_mass`);
     - `loss_normalizing_factor`: the resolved factor (None, a number, or an array);
     - `accuracy_inputs`: `(logits, targets)` for the stock accuracy metric when the
       loss was computed without logits (`model_loss_from_hidden`), else None.
+
+    Without a number loss (`number_loss=None`) there is no `ntl` nor `ntl_term`.
     """
 
     loss: jax.Array
@@ -159,48 +163,38 @@ def model_loss(
 ) -> ModelLoss:
     """The NTL T5X models' loss and metric inputs from their logits and batch.
 
-    The loss is `ntl_jax.cross_entropy_and_ntl` on the batch's `decoder_target_tokens`
-    and `decoder_loss_weights` (packed batches: `decoder_segment_ids`,
-    `decoder_positions`), computed the way that function does: the factor and weights
-    resolved once (`resolve_weights`), ignored positions sanitised, then one pass over
-    the `[batch, length, vocab]` logits for the head's statistics (log-normaliser,
-    target logit, number-token logits), from which both the loss and the number
-    metrics are taken, so the metrics add no second softmax over the vocabulary. With
-    `ntl_weight=0` the loss is T5X's stock `compute_weighted_cross_entropy`.
+    `loss = CE + z_loss + ntl_weight * sum_i w_i NTL_i / factor`: exactly
+    `ntl_jax.cross_entropy_and_ntl` on the batch's `decoder_target_tokens` and
+    `decoder_loss_weights` (packed: `decoder_segment_ids`, `decoder_positions`), the
+    same pass (`pipeline.run`, which also reads the expected value) and the same
+    assembly (`objective.objective_from_head`). The number metrics come from that pass,
+    with no second softmax over the vocabulary; with `ntl_weight=0` the loss is T5X's
+    stock `compute_weighted_cross_entropy`.
 
-    Metrics (see `ModelLoss`): `cross_ent_loss` is the cross-entropy alone (the stock
-    metric, `loss - z_loss`, would include `ntl_weight * NTL`); `ntl_loss` is the
-    normalised NTL before `ntl_weight` (logged with `ntl_weight=0` too);
-    `ntl_loss_per_number_token` undoes the normalisation: the weighted mean over the
-    positions NTL counts; `number_abs_error` and `number_token_mass` as
-    `number_quality_totals`.
+    Metrics (`ModelLoss`): `cross_ent_loss`, the cross-entropy alone (the stock metric,
+    `loss - z_loss`, would hold the NTL term); `ntl`, the mean of the number loss over
+    the positions it counts (`parts["ntl"]`), logged at `ntl_weight=0` too; `ntl_term`,
+    what it adds to the loss per step (`parts["ntl_term"]`); `number_abs_error`,
+    `number_token_mass` as `number_quality_totals`.
 
     Args:
-      logits: `[batch, length, vocab]` floating.
+      logits: `[batch, length, vocab]` floating (`vocab` may exceed the table).
       batch: the T5X batch (`decoder_target_tokens` required).
-      number_tokens: the output vocabulary's `NumberTokens` (the network may round the
-        vocabulary up: ids beyond the table are no numbers).
-      options: the objective's `Options` (`ntl_kind`, `ntl_weight`, `reweigh`,
-        `squash_factor`, `gce_sigma`, and the stock model's `label_smoothing` and
-        `z_loss`), as the mixin builds them once per model.
+      number_tokens: the output vocabulary's `NumberTokens`.
+      options: the objective's `Options`, as the mixin builds them once per model.
       loss_normalizing_factor: the stock model's.
-
-    Returns:
-      A `ModelLoss`.
     """
     targets = batch["decoder_target_tokens"]
+    weights = checks.check_logits_and_targets(logits, targets, number_tokens, batch.get("decoder_loss_weights"))
     vocab = jnp.shape(logits)[-1]
-    checks.check_logits_and_targets(logits, targets, number_tokens, batch.get("decoder_loss_weights"))
-    checks.check_loss_normalizing_factor(loss_normalizing_factor)
-    weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
-    # As `cross_entropy_and_ntl`; the expected value is kept for the metrics even when
-    # the loss has no NTL term.
-    target = number_target(targets, weights, vocab, number_tokens, gce_sigma=options.gce_sigma)
-    head = head_stats.from_logits(logits, target, number_tokens, objective.number_reads(options, with_value=True),
-                                  label_smoothing=options.label_smoothing, reweigh=options.reweigh,
-                                  formulation=options.formulation)
-    return _model_loss_from_head(head, target, weights, factor, batch, number_tokens, options, vocab=vocab,
-                                 loss_normalizing_factor=loss_normalizing_factor)
+
+    def head_of(target, reads, with_masses):
+        return head_stats.from_logits(logits, target, number_tokens, reads, label_smoothing=options.label_smoothing,
+                                      with_masses=with_masses)
+
+    run = _run(head_of, batch, weights, vocab, number_tokens, options, loss_normalizing_factor)
+    return _model_loss_from_run(run, batch, number_tokens, options, vocab=vocab,
+                                loss_normalizing_factor=loss_normalizing_factor)
 
 
 def model_loss_from_hidden(
@@ -226,21 +220,32 @@ def model_loss_from_hidden(
     is never gathered (`fused_cross_entropy_and_ntl`'s `vocab_axis`; the mesh's
     other axes shard the batch)."""
     targets = batch["decoder_target_tokens"]
-    checks.check_hidden_and_kernel(hidden, kernel, targets, number_tokens, batch.get("decoder_loss_weights"),
-                                   chunk_size)
-    checks.check_loss_normalizing_factor(loss_normalizing_factor)
+    weights = checks.check_hidden_and_kernel(hidden, kernel, targets, number_tokens,
+                                             batch.get("decoder_loss_weights"), chunk_size)
     vocab = jnp.shape(kernel)[1]
-    weights, factor = resolve_weights(vocab, batch, loss_normalizing_factor)
-    target = number_target(targets, weights, vocab, number_tokens, gce_sigma=options.gce_sigma)
-    head, top = fused.head_stats_from_hidden(
-        hidden, kernel, target, number_tokens, objective.number_reads(options, with_value=True),
-        label_smoothing=options.label_smoothing, reweigh=options.reweigh, chunk_size=chunk_size, with_top=True,
-        shards=vocab_parallel.vocab_shards(vocab_axis, None, vocab, jnp.shape(hidden)[0]),
-    )
-    correct = (top == targets).astype(jnp.float32)
+    shards = vocab_parallel.vocab_shards(vocab_axis, None, vocab, jnp.shape(hidden)[0])
+    top = []  # the vocabulary's argmax, streamed in the same pass, for the accuracy metric
+
+    def head_of(target, reads, with_masses):
+        head, top_ids = fused.head_stats_from_hidden(
+            hidden, kernel, target, number_tokens, reads, label_smoothing=options.label_smoothing,
+            with_masses=with_masses, chunk_size=chunk_size, with_top=True, shards=shards)
+        top.append(top_ids)
+        return head
+
+    run = _run(head_of, batch, weights, vocab, number_tokens, options, loss_normalizing_factor)
+    correct = (top[0] == targets).astype(jnp.float32)
     accuracy_inputs = (jnp.stack([correct, 1.0 - correct], axis=-1), jnp.zeros_like(targets))
-    return _model_loss_from_head(head, target, weights, factor, batch, number_tokens, options, vocab=vocab,
-                                 loss_normalizing_factor=loss_normalizing_factor, accuracy_inputs=accuracy_inputs)
+    return _model_loss_from_run(run, batch, number_tokens, options, vocab=vocab,
+                                loss_normalizing_factor=loss_normalizing_factor, accuracy_inputs=accuracy_inputs)
+
+
+def _run(head_of, batch, weights, vocab, number_tokens, options: Options, loss_normalizing_factor) -> pipeline.Pass:
+    """The loss's one pass over the batch, reading the expected value for the metrics."""
+    return pipeline.run(head_of, batch["decoder_target_tokens"], weights, vocab, number_tokens, options.number_loss,
+                        gce_sigma=options.gce_sigma, loss_normalizing_factor=loss_normalizing_factor,
+                        decoder_segment_ids=batch.get("decoder_segment_ids"),
+                        decoder_positions=batch.get("decoder_positions"), with_value=True)
 
 
 def context_vocab_axis(vocab_axis: Optional[str]) -> Optional[str]:
@@ -299,30 +304,33 @@ def check_vocab_axis(vocab_axis, name: str = "fused_vocab_axis") -> None:
         raise ValueError(f"expected {name} None or the name of a mesh axis (such as 'model'), got an empty string")
 
 
-def _model_loss_from_head(head, target, weights, factor, batch, number_tokens, options: Options, *, vocab,
-                          loss_normalizing_factor, accuracy_inputs=None):
-    """The common tail of `model_loss` and `model_loss_from_hidden`."""
+def _model_loss_from_run(run: pipeline.Pass, batch, number_tokens, options: Options, *, vocab,
+                         loss_normalizing_factor, accuracy_inputs=None) -> ModelLoss:
+    """The common tail of `model_loss` and `model_loss_from_hidden`: the objective
+    (`objective_from_head`) and the metrics' totals."""
     targets = batch["decoder_target_tokens"]
-    loss, parts = objective.objective_from_head(head, target, weights, factor, number_tokens, options, vocab=vocab)
+    loss, parts = objective.objective_from_head(run, number_tokens, options, vocab=vocab)
     num_tokens = jnp.array(np.prod(jnp.shape(targets)))
     cross_entropy = parts["cross_entropy"]
-    averages = {
-        "cross_ent_loss_per_all_target_tokens": (cross_entropy, num_tokens),
-        "ntl_loss_per_number_token": (parts["ntl"] * parts["loss_normalizing_factor"], parts["ntl_weight_sum"]),
-    }
+    per_step = {"cross_ent_loss": cross_entropy}
+    averages = {"cross_ent_loss_per_all_target_tokens": (cross_entropy, num_tokens)}
+    if options.number_loss is not None:
+        per_step["ntl_term"] = parts["ntl_term"]
+        # The mean's total: parts["ntl"] is sum / max(count, tiny), 0 where nothing counts.
+        averages["ntl"] = (parts["ntl"] * parts["ntl_weight_sum"], parts["ntl_weight_sum"])
     # Number metrics: as the loss, but without a weights feature padding is not counted.
-    number_mask = weights
+    number_mask = run.weights
     if batch.get("decoder_loss_weights") is None and not _is_special(loss_normalizing_factor):
-        number_mask = jnp.where(targets != 0, weights, 0.0)
-    averages.update(_number_totals(*_predictions(head, number_tokens), targets, number_mask, number_tokens))
+        number_mask = jnp.where(targets != 0, run.weights, 0.0)
+    averages.update(_number_totals(*_predictions(run.head, number_tokens), targets, number_mask, number_tokens))
     return ModelLoss(
         loss=loss,
         z_loss=parts["z_loss"],
-        mask=weights,
+        mask=run.weights,
         segment_ids=segment_ids(batch),
-        per_step={"cross_ent_loss": cross_entropy, "ntl_loss": parts["ntl"]},
+        per_step=per_step,
         averages=averages,
-        loss_normalizing_factor=factor,
+        loss_normalizing_factor=run.factor,
         accuracy_inputs=accuracy_inputs,
     )
 
@@ -337,11 +345,11 @@ class NTLLossMixin:
     `per_step_metric(total=...)` and `average_metric(total=..., count=...)`, class
     attributes the concrete model sets (T5X's `AveragePerStep`, clu's `Average`).
 
-    Keyword arguments (the rest pass through to the base class): `ntl_weight`,
-    `ntl_kind`, `reweigh`, `squash_factor`, `max_number_length`, `smmd_mode`, `smmd_sigma`, `smmd_alpha`,
-    `digit_level`, `gce_sigma`, `fused_loss`,
-    `fused_chunk_size`, `fused_vocab_axis`; see
-    `ntl_jax.t5x.models.NTLEncoderDecoderModel`.
+    Keyword arguments (the rest pass through to the base class): `number_loss`,
+    `ntl_weight`, `digit_level`, `gce_sigma`, `fused_loss`, `fused_chunk_size`,
+    `fused_vocab_axis`; see `ntl_jax.t5x.models.NTLEncoderDecoderModel`. A keyword
+    0.3.0 removed (the loss's name or one of its own parameters) raises a TypeError
+    naming the new form: the number loss is one value, `number_loss`.
 
     `fused_vocab_axis` (default `"model"`, the mesh axis of the vocabulary in T5X's
     standard partitioning rules, `('vocab', 'model')`): with `fused_loss`, when the
@@ -359,14 +367,8 @@ class NTLLossMixin:
     def __init__(
         self,
         *args,
+        number_loss: NumberLoss | str | None = "was",
         ntl_weight: float = 0.3,
-        ntl_kind: str = "was",
-        reweigh: bool = False,
-        squash_factor: Optional[float] = None,
-        max_number_length: Optional[int] = None,
-        smmd_mode: Optional[str] = None,
-        smmd_sigma: Optional[float] = None,
-        smmd_alpha: Optional[float] = None,
         digit_level: bool = True,
         gce_sigma: float = 0.0,
         fused_loss: bool | str = False,
@@ -374,18 +376,11 @@ class NTLLossMixin:
         fused_vocab_axis: Optional[str] = "model",
         **kwargs,
     ):
+        check_no_old_keywords(f"{type(self).__name__}()", kwargs)
         # The stock model's own arguments (module, vocabularies, ...) pass through.
         super().__init__(*args, **kwargs)
-        self._configure_ntl(
-            ntl_weight=ntl_weight,
-            ntl_kind=ntl_kind,
-            reweigh=reweigh,
-            squash_factor=squash_factor,
-            digit_level=digit_level,
-            gce_sigma=gce_sigma,
-            max_number_length=max_number_length,
-            smmd=dict(smmd_mode=smmd_mode, smmd_sigma=smmd_sigma, smmd_alpha=smmd_alpha),
-        )
+        self._configure_ntl(number_loss=number_loss, ntl_weight=ntl_weight, digit_level=digit_level,
+                            gce_sigma=gce_sigma)
         check_fused_loss(fused_loss)
         checks.check_chunk_size(fused_chunk_size, "fused_chunk_size")
         self._fused_loss = fused_loss if fused_loss == AUTO else bool(fused_loss)
@@ -393,27 +388,30 @@ class NTLLossMixin:
         check_vocab_axis(fused_vocab_axis, "fused_vocab_axis")
         self._fused_vocab_axis = fused_vocab_axis
 
-    def _configure_ntl(self, *, ntl_weight, ntl_kind, reweigh, squash_factor, digit_level, gce_sigma=0.0,
-                       max_number_length=None, smmd=None):
+    def _configure_ntl(self, *, number_loss, ntl_weight, digit_level, gce_sigma=0.0):
         # Checked here, once per model: `loss_fn` reads the record.
         options = Options(
-            ntl_kind=ntl_kind, ntl_weight=ntl_weight, reweigh=reweigh, squash_factor=squash_factor,
-            label_smoothing=getattr(self, "_label_smoothing", 0.0), z_loss=getattr(self, "_z_loss", 0.0),
-            gce_sigma=gce_sigma, max_number_length=max_number_length, **(smmd or {}),
+            number_loss=number_loss, ntl_weight=ntl_weight, label_smoothing=getattr(self, "_label_smoothing", 0.0),
+            z_loss=getattr(self, "_z_loss", 0.0), gce_sigma=gce_sigma,
         )
         # Kept as Python floats (gin may bind integers), once they are known to be numbers.
-        self._options = dataclasses.replace(
-            options, ntl_weight=float(ntl_weight), gce_sigma=float(gce_sigma),
-            squash_factor=None if squash_factor is None else float(squash_factor),
-        )
+        self._options = dataclasses.replace(options, ntl_weight=float(ntl_weight), gce_sigma=float(gce_sigma))
         checks.check_bool("digit_level", digit_level)
         # Built once on the host from the output vocabulary; a closure constant in jit.
         self._number_tokens = NumberTokens.from_vocabulary(self.output_vocabulary, digit_level=digit_level)
+        loss = self._options.number_loss
+        if loss is not None and loss.check_table is not None:
+            loss.check_table(self._number_tokens)  # a table the loss cannot score fails here, not in the first step
 
     @property
     def number_tokens(self) -> NumberTokens:
         """The number tokens of the output vocabulary."""
         return self._number_tokens
+
+    @property
+    def number_loss(self) -> NumberLoss | None:
+        """The number loss (`ntl_jax.losses`), None for cross-entropy alone."""
+        return self._options.number_loss
 
     @property
     def gce_sigma(self) -> float:
@@ -428,8 +426,10 @@ class NTLLossMixin:
 
     @property
     def ntl_options(self) -> dict:
-        """The NTL term's options: `ntl_weight`, `ntl_kind`, `reweigh`, `squash_factor`."""
-        return {name: getattr(self._options, name) for name in ("ntl_weight", "ntl_kind", "reweigh", "squash_factor")}
+        """The NTL term as plain values: `ntl_weight` and `number_loss`, the loss's spec
+        (`"was"`, `"smmd(mode=mmd)"`; `"none"` without one)."""
+        loss = self._options.number_loss
+        return {"ntl_weight": self._options.ntl_weight, "number_loss": NONE if loss is None else loss.spec}
 
     def loss_fn(
         self,

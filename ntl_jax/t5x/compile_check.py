@@ -251,8 +251,7 @@ def check(*, model, train_dataset_cfg, partitioner, topology: str, hbm_gib: Opti
     return Report(
         topology=topology, device_kind=kind, chips=len(devices), hosts=len({d.process_index for d in devices}),
         mesh=dict(mesh.shape), batch_size=batch_size, feature_lengths=dict(train_dataset_cfg.task_feature_lengths),
-        ntl={"ntl_weight": model.ntl_options["ntl_weight"], "ntl_kind": model.ntl_options["ntl_kind"],
-             "fused": model.fused_loss} if hasattr(model, "ntl_options") else {},
+        ntl={**model.ntl_options, "fused": model.fused_loss} if hasattr(model, "ntl_options") else {},
         params_bytes=params_bytes, optimizer_bytes=state_bytes - params_bytes, batch_bytes=batch_bytes,
         temp_bytes=int(memory.temp_size_in_bytes), total_bytes=int(total), hbm_bytes=int(hbm_gib * GIB),
         bytes_accessed=float(cost.get("bytes accessed", float("nan"))), collectives=collectives(compiled.as_text()),

@@ -7,7 +7,8 @@ a gin file and add the NTL options. Their `loss_fn` is
     cross-entropy (exactly as the stock model: label smoothing, z-loss)
       + ntl_weight * NTL
 
-with both terms weighted by the same per-token weights and divided by the same
+with NTL the `number_loss`, one value of `ntl_jax.losses` (or a spec string);
+both terms weighted by the same per-token weights and divided by the same
 `loss_normalizing_factor` (None, a number, `NUM_REAL_TARGET_TOKENS`,
 `NUM_TOTAL_TARGET_TOKENS`, `AVERAGE_PER_SEQUENCE`; packed batches included). The
 arithmetic, the loss and every metric input, is `ntl_jax.t5x._loss` (on
@@ -36,13 +37,9 @@ from t5x import metrics as metrics_lib
 from t5x import models
 
 from ntl_jax._core.number_tokens import NumberTokens
-from ntl_jax.t5x._loss import (
-    NTL_KINDS,  # re-exported: what `ntl_kind` accepts
-    NTLLossMixin,
-    number_quality_totals,
-)
+from ntl_jax.t5x._loss import NTLLossMixin, number_quality_totals
 
-__all__ = ["NTL_KINDS", "NTLDecoderOnlyModel", "NTLEncoderDecoderModel", "number_quality_metrics", "padded_vocab_size"]
+__all__ = ["NTLDecoderOnlyModel", "NTLEncoderDecoderModel", "number_quality_metrics", "padded_vocab_size"]
 
 
 def padded_vocab_size(vocabulary: Any, multiple: int = 128) -> int:
@@ -85,27 +82,20 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
       *args, **kwargs: those of `t5x.models.EncoderDecoderModel` (module,
         input_vocabulary, output_vocabulary, optimizer_def, z_loss, label_smoothing,
         loss_normalizing_factor, ...).
+      number_loss: the number loss, a value of `ntl_jax.losses` (`was()`, the paper's
+        NTL-WAS, the default; `mse()`, `smmd(mode="mmd")`, ..., or one of your own),
+        a spec string (`"was"`, `"smmd(mode=mmd)"`), or None / `"none"` for
+        cross-entropy alone. In gin its constructor is bound on its own:
+        `NTLEncoderDecoderModel.number_loss = @losses.smmd()` and
+        `losses.smmd.mode = 'mmd'` (with `from ntl_jax import losses`).
       ntl_weight: the factor on NTL (lambda; 0.3 in the paper). 0 trains with
         cross-entropy alone and still logs the NTL metrics.
-      ntl_kind: `"was"` (Wasserstein-1, the paper's NTL-WAS), `"mse"`, `"mae"`,
-        `"huber"` (dot-product NTL), `"number_level"`, `"number_level_float"`,
-        `"was_cdf"` (NTL-WAS-CDF), NTL's successors `"del"`, `"dist2"` and `"smmd"` (SMMD
-        at the authors' defaults), or `"none"`.
-      reweigh: scale by the probability mass on number tokens (ntloss's default is
-        True; the paper, and this default, use False).
-      squash_factor: for `"was"`, make the farthest wrong digit cost this many times
-        the closest one (None: plain |difference|); for `"smmd"`, its kernel's
-        distances (None: the authors' 9).
-      max_number_length: for `"number_level"` and `"number_level_float"`, the most
-        places a number has (None: ntloss's 20), as in `ntl_jax.number_level_loss`.
-      smmd_mode, smmd_sigma, smmd_alpha: for `"smmd"`, its terms, kernel width and
-        smoothness weight (None: the authors'), as in `ntl_jax.number_token_loss`. In gin:
-        `NTLEncoderDecoderModel.smmd_mode = 'mmd'`.
       gce_sigma: Gaussian-smoothed cross-entropy (the paper's GCE baseline): at a
         number target the label is a Gaussian of this width over the number tokens'
         values (`ntl_jax.cross_entropy_and_ntl`); 0 (default) is the stock one-hot.
-        Exclusive with `label_smoothing`. The paper pairs it with
-        `ntl_kind="was_cdf"`, which then scores against the smoothed label.
+        Exclusive with `label_smoothing`. It changes the cross-entropy only; the
+        paper's pairing with NTL-WAS-CDF against the same label is
+        `number_loss=ntl_jax.losses.was_cdf(sigma=gce_sigma)`.
       digit_level: only the single characters 0-9 are number tokens (the paper);
         False counts every piece that parses as a number.
       fused_loss: compute the loss from the decoder's hidden states and the logits
@@ -132,8 +122,10 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
 
     The number tokens come from `output_vocabulary`. Metrics: the stock ones (their
     mask is the effective weights, 0 where the target id is outside the logits'
-    vocabulary), with `cross_ent_loss` the cross-entropy alone, plus `ntl_loss`,
-    `ntl_loss_per_number_token`, `number_abs_error` and `number_token_mass`.
+    vocabulary), with `cross_ent_loss` the cross-entropy alone, plus `ntl` (the mean
+    of the number loss over the positions it counts), `ntl_term` (what it adds to the
+    loss, per step), `number_abs_error` and `number_token_mass`; without a number
+    loss, no `ntl` nor `ntl_term`.
     """
 
 

@@ -19,17 +19,19 @@ import json
 import math
 import os
 import re
+from typing import NamedTuple
 
 from ntl_jax.train import paired_stats
 
 DEFAULT_METRICS = ("test_interpolate/number_accuracy", "test_interpolate/log_mae",
                    "test_extrapolate/number_accuracy", "test_extrapolate/log_mae")
 DEFAULT_BASELINE = "ce"
-MARKER = re.compile(r"<!-- results:([A-Za-z0-9_.-]+) -->")
 
 
 # Below this a table's number is float64 rounding of metrics well under 1e6, not a value.
 ROUNDING_TRACE = 1e-9
+# Every number of a table (not its p-values) has this many significant figures.
+SIGNIFICANT = 3
 
 
 class ResultsError(ValueError):
@@ -37,16 +39,17 @@ class ResultsError(ValueError):
 
 
 def fmt(x) -> str:
-    """3 decimals (0.676, -0.012); 3 significant digits outside [0.001, 1000); 0.000 for
-    a zero that float rounding left as a trace (a mean of differences such as 0.002 and
-    -0.002, which binary fractions do not cancel exactly)."""
+    """A table's number (a mean, a std, a difference, an interval's end) to `SIGNIFICANT`
+    significant figures, trailing zeros kept: 0.676, -0.0120, 0.000244, -8.46, 12.0;
+    exponent form below 1e-4 and from 1e3 on (2.00e-09, 1.23e+04); "0" for zero, or for a
+    trace float rounding left of one (a mean of differences such as 0.002 and -0.002,
+    which binary fractions do not cancel exactly)."""
     if x is None or not math.isfinite(x):
         return "n/a"
     if abs(x) < ROUNDING_TRACE:
-        return "0.000"
-    if 1e-3 <= abs(x) < 1e3:
-        return f"{x:.3f}"
-    return f"{x:.3g}"
+        return "0"
+    # "#" keeps the trailing zeros, and a point after three integer digits ("123."), dropped.
+    return f"{x:#.{SIGNIFICANT}g}".removesuffix(".")
 
 
 def fmt_p(p) -> str:
@@ -86,14 +89,23 @@ def _table(header, rows) -> list[str]:
 ALPHA = 0.05
 
 
-def verdict(entry: dict, p_adjusted: float | None = None) -> str:
+def excludes_zero(entry: dict) -> bool:
+    """Whether the comparison's 95 % interval (`ci95`) lies wholly above or below 0."""
+    ci = entry.get("ci95")
+    return bool(ci) and (ci[0] > 0 or ci[1] < 0)
+
+
+def verdict(entry: dict, p_adjusted: float | None = None, family: int | None = None) -> str:
     """The verdict of one paired comparison, from its Wilcoxon p-value (`p_adjusted`, the
-    Holm-adjusted one, where the comparison is one of several).
+    Holm-adjusted one, where the comparison is one of a `family` of several), saying
+    where it and the comparison's own 95 % interval part ways.
 
     With fewer untied pairs than the exact tests need to reach p < `ALPHA` (6 at 0.05)
     the answer is "too few seeds to tell", whatever the numbers; otherwise the difference
     is "better" / "worse" (by the metric's direction and the sign of the mean difference;
-    "higher" / "lower" for a metric of unknown direction) where p < `ALPHA`.
+    "higher" / "lower" for a metric of unknown direction) where p < `ALPHA`. An interval
+    that excludes 0 where nothing is called is named, with why nothing is: too few
+    seeds, Holm's adjustment over the family, or the Wilcoxon p itself.
     """
     n = entry.get("n") or 0
     if not n:
@@ -101,15 +113,22 @@ def verdict(entry: dict, p_adjusted: float | None = None) -> str:
     untied = n - (entry.get("ties") or 0)
     if untied == 0:
         return "identical in every seed"
+    excludes = excludes_zero(entry)
     if paired_stats.min_attainable_p(untied) >= ALPHA:
-        return "too few seeds to tell"
+        return "interval excludes 0; too few seeds to test" if excludes else "too few seeds to tell"
     p = entry.get("p") if p_adjusted is None else p_adjusted
-    if p is None or not p < ALPHA:
+    if p is not None and p < ALPHA:
+        up = (entry.get("mean_diff") or 0.0) > 0
+        higher = entry.get("higher_is_better")
+        word = ("higher" if up else "lower") if higher is None else ("better" if up == higher else "worse")
+        called = f"{word} ({'Holm p' if p_adjusted is not None else 'p'} < {ALPHA:g})"
+        return called + ("; interval includes 0" if entry.get("ci95") and not excludes else "")
+    if not excludes:
         return "not distinguishable from zero"
-    up = (entry.get("mean_diff") or 0.0) > 0
-    higher = entry.get("higher_is_better")
-    word = ("higher" if up else "lower") if higher is None else ("better" if up == higher else "worse")
-    return f"{word} ({'Holm p' if p_adjusted is not None else 'p'} < {ALPHA:g})"
+    raw = entry.get("p")
+    if p_adjusted is not None and raw is not None and raw < ALPHA:
+        return "interval excludes 0; not called after Holm" + (f" over {family}" if family else "")
+    return f"interval excludes 0; not called (Wilcoxon p ≥ {ALPHA:g})"
 
 
 def table_metrics(result: dict) -> list[str]:
@@ -140,10 +159,6 @@ def render(result: dict) -> str:
     """The Markdown block of one result file (no trailing newline)."""
     metrics = table_metrics(result)
     summary = result.get("summary") or {}
-    if result.get("runs"):
-        paired = paired_stats.paired_comparison(result["runs"], metrics=metrics)
-    else:
-        paired = result.get("paired") or {}
     seeds = _seed_counts(result)
     lines = []
     if result.get("title"):
@@ -187,6 +202,53 @@ def render(result: dict) -> str:
         rows.append(row)
     lines += _table(["loss", "seeds"] + [f"{metric_title(m)} (mean ± std)" for m in metrics], rows)
 
+    rows, family, primary = comparison_rows(result, metrics)
+    if rows:
+        lines += ["", *_table(["variant − baseline", "metric", "mean diff", "95 % CI",
+                               "better/worse/ties", "Wilcoxon p", "Holm p", "sign p", "verdict"],
+                              rows),
+                  "", "Paired by seed (same initialisation and data order); ↑ / ↓: higher / "
+                  "lower is better; better/worse/ties count seeds; 95 % CI: Student t interval "
+                  "of the mean difference (n − 1 degrees of freedom), for each comparison alone; "
+                  "p: exact two-sided tests; Holm p: the Wilcoxon p adjusted by Holm's step-down "
+                  + (f"method over the {family} comparison{'s' if family != 1 else ''} of "
+                     f"{metric_title(primary)}, the metric declared primary (the others are "
+                     "secondary: shown, not called)" if primary else
+                     f"method over the {len(rows)} comparison{'s' if len(rows) != 1 else ''} of this "
+                     "table")
+                  + f"; verdict: better or worse where Holm p < {ALPHA:g}; \"interval excludes 0\" "
+                  "where the interval alone would call it and the verdict does not, with why: "
+                  "Holm's adjustment over the family, a Wilcoxon p ≥ 0.05, or too few seeds; "
+                  "\"too few seeds to tell\" where fewer than 6 seeds differ (the exact tests cannot "
+                  f"then reach p < {ALPHA:g}: their smallest p is 2/2^n ≥ 0.0625)."]
+
+    rows = []
+    for label, per_metric in summary.items():
+        for metric in metrics:
+            e = per_metric.get(metric)
+            if e is None or "share_above" not in e:
+                continue
+            share = e["share_above"]
+            text = "n/a" if share is None else f"{fmt(share)} ({round(share * e['n'])}/{e['n']})"
+            rows.append([label, metric_title(metric),
+                         f"> {fmt(e['threshold'])}" if e.get("threshold") is not None else "n/a",
+                         text])
+    if rows:
+        lines += ["", "Share of seeds above a threshold (for outcomes that land in one of two "
+                  "modes):", "", *_table(["loss", "metric", "threshold", "share of seeds"], rows)]
+    return "\n".join(lines)
+
+
+def comparison_rows(result: dict, metrics: list | None = None):
+    """`(rows, family, primary)`: the cells of each row of `render`'s table of paired
+    comparisons (variant − baseline, metric, mean diff, 95 % CI, better/worse/ties,
+    Wilcoxon p, Holm p, sign p, verdict), the size of the family Holm adjusts, and the
+    metric declared primary (None: every comparison is in the family)."""
+    metrics = table_metrics(result) if metrics is None else metrics
+    if result.get("runs"):
+        paired = paired_stats.paired_comparison(result["runs"], metrics=metrics)
+    else:
+        paired = result.get("paired") or {}
     compared = [(label, metric, per_metric[metric]) for label, per_metric in paired.items()
                 for metric in metrics if per_metric.get(metric) is not None]
     for baseline in also_against(result):
@@ -209,39 +271,8 @@ def render(result: dict) -> str:
                      fmt(e.get("mean_diff")), ci_text,
                      f"{e.get('better', 0)}/{e.get('worse', 0)}/{e.get('ties', 0)}",
                      fmt_p(e.get("p")), fmt_p(adjusted[i]) if called else "—", fmt_p(e.get("p_sign")),
-                     verdict(e, adjusted[i]) if called else "secondary: not called"])
-    if rows:
-        lines += ["", *_table(["variant − baseline", "metric", "mean diff", "95 % CI",
-                               "better/worse/ties", "Wilcoxon p", "Holm p", "sign p", "verdict"],
-                              rows),
-                  "", "Paired by seed (same initialisation and data order); ↑ / ↓: higher / "
-                  "lower is better; better/worse/ties count seeds; 95 % CI: Student t interval "
-                  "of the mean difference (n − 1 degrees of freedom), for each comparison alone; "
-                  "p: exact two-sided tests; Holm p: the Wilcoxon p adjusted by Holm's step-down "
-                  + (f"method over the {len(family)} comparison{'s' if len(family) != 1 else ''} of "
-                     f"{metric_title(primary)}, the metric declared primary (the others are "
-                     "secondary: shown, not called)" if primary else
-                     f"method over the {len(rows)} comparison{'s' if len(rows) != 1 else ''} of this "
-                     "table")
-                  + f"; verdict: better or worse where Holm p < {ALPHA:g}, \"too few seeds to "
-                  "tell\" where fewer than 6 seeds differ (the exact tests cannot then reach "
-                  f"p < {ALPHA:g}: their smallest p is 2/2^n ≥ 0.0625)."]
-
-    rows = []
-    for label, per_metric in summary.items():
-        for metric in metrics:
-            e = per_metric.get(metric)
-            if e is None or "share_above" not in e:
-                continue
-            share = e["share_above"]
-            text = "n/a" if share is None else f"{fmt(share)} ({round(share * e['n'])}/{e['n']})"
-            rows.append([label, metric_title(metric),
-                         f"> {fmt(e['threshold'])}" if e.get("threshold") is not None else "n/a",
-                         text])
-    if rows:
-        lines += ["", "Share of seeds above a threshold (for outcomes that land in one of two "
-                  "modes):", "", *_table(["loss", "metric", "threshold", "share of seeds"], rows)]
-    return "\n".join(lines)
+                     verdict(e, adjusted[i], len(family)) if called else "secondary: not called"])
+    return rows, len(family), primary
 
 
 def also_against(result: dict) -> list[str]:
@@ -289,16 +320,18 @@ def load(path: str) -> dict:
         return json.load(f)
 
 
-def blocks(text: str) -> list[tuple[str, int, int]]:
-    """``(name, start, end)`` of the text between each marker pair."""
+def blocks(text: str, kind: str = "results") -> list[tuple[str, int, int]]:
+    """``(name, start, end)`` of the text between each marker pair
+    ``<!-- KIND:NAME -->`` ... ``<!-- /KIND:NAME -->`` (`kind` "results" or "summary")."""
+    marker = re.compile(rf"<!-- {kind}:([A-Za-z0-9_.-]+) -->")
     found = []
     pos = 0
-    while (m := MARKER.search(text, pos)) is not None:
+    while (m := marker.search(text, pos)) is not None:
         name = m.group(1)
-        close = f"<!-- /results:{name} -->"
+        close = f"<!-- /{kind}:{name} -->"
         end = text.find(close, m.end())
         if end < 0:
-            raise ResultsError(f"marker <!-- results:{name} --> has no closing {close}")
+            raise ResultsError(f"marker <!-- {kind}:{name} --> has no closing {close}")
         found.append((name, m.end(), end))
         pos = end + len(close)
     return found
@@ -326,3 +359,75 @@ def stale_blocks(text: str, results_dir: str) -> list[str]:
     """Names of the blocks whose text differs from what `update_readme` would write."""
     return [name for name, start, end in blocks(text)
             if text[start:end] != _rendered(name, results_dir)]
+
+
+# -- Summary tables: chosen rows of several files' tables, one line each ---------------
+
+
+class SummaryRow(NamedTuple):
+    """One row of a summary table: the comparison `comparison` ("ntl-was − ce") on
+    `metric` ("test_interpolate/number_accuracy") of ``<name>.json``'s table, under the
+    label `setting`, linked to the evidence page's heading `anchor`; `note`, Markdown,
+    fills the table's last column where it has one."""
+
+    setting: str
+    anchor: str
+    name: str
+    comparison: str
+    metric: str
+    note: str | None = None
+
+
+SUMMARY_HEADER = ("setting", "comparison", "metric", "mean", "95 % CI", "better/worse/tied", "verdict")
+
+
+def summary_table(rows, results_dir: str, *, evidence: str = "", note_header: str | None = None) -> str:
+    """The Markdown table of `rows` (`SummaryRow`), each the cells of its file's row of
+    `comparison_rows` (mean, interval, seeds, verdict, as the evidence page renders them),
+    its setting linked to ``{evidence}#{anchor}`` (`evidence`: the evidence page's path
+    from the page the table is on; "" on that page itself).
+
+    Raises:
+      ResultsError: a file that is missing, or that has not exactly one such row.
+    """
+    tables: dict[str, list] = {}
+    out = []
+    for row in rows:
+        if row.name not in tables:
+            path = os.path.join(results_dir, f"{row.name}.json")
+            if not os.path.isfile(path):
+                raise ResultsError(f"summary row {row.comparison!r}: no result file {path}")
+            tables[row.name] = comparison_rows(load(path))[0]
+        title = metric_title(row.metric)
+        found = [cells for cells in tables[row.name]
+                 if cells[0] == row.comparison and cells[1].removesuffix(" ↑").removesuffix(" ↓") == title]
+        if len(found) != 1:
+            raise ResultsError(f"expected one row {row.comparison!r} on {title!r} in {row.name}.json's table, "
+                               f"found {len(found)}")
+        cells = found[0]
+        line = [f"[{row.setting}]({evidence}#{row.anchor})", *cells[:5], cells[-1]]
+        out.append(line + ([row.note or ""] if note_header else []))
+    return "\n".join(_table(list(SUMMARY_HEADER) + ([note_header] if note_header else []), out))
+
+
+def update_summaries(text: str, summaries: dict, results_dir: str, *, evidence: str = "") -> str:
+    """`text` with every ``<!-- summary:NAME -->`` block replaced by the table of
+    ``summaries[NAME]``, a `(rows, note_header)` pair (`summary_table`)."""
+    out, pos = [], 0
+    for name, start, end in blocks(text, "summary"):
+        out += [text[pos:start], _summary(name, summaries, results_dir, evidence)]
+        pos = end
+    return "".join(out) + text[pos:]
+
+
+def stale_summaries(text: str, summaries: dict, results_dir: str, *, evidence: str = "") -> list[str]:
+    """Names of the summary blocks whose text differs from what `update_summaries` writes."""
+    return [name for name, start, end in blocks(text, "summary")
+            if text[start:end] != _summary(name, summaries, results_dir, evidence)]
+
+
+def _summary(name: str, summaries: dict, results_dir: str, evidence: str) -> str:
+    if name not in summaries:
+        raise ResultsError(f"summary block {name!r}: expected one of {sorted(summaries)}")
+    rows, note_header = summaries[name]
+    return "\n" + summary_table(rows, results_dir, evidence=evidence, note_header=note_header) + "\n"

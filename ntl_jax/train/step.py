@@ -2,7 +2,9 @@
 
 This is the example to copy into your own trainer. The whole NTL integration is the
 single call to `ntl_jax.cross_entropy_and_ntl` (or, from hidden states,
-`ntl_jax.fused_cross_entropy_and_ntl`), which replaces the usual cross-entropy.
+`ntl_jax.fused_cross_entropy_and_ntl`), which replaces the usual cross-entropy. The
+step's metrics are that call's parts: `ntl` is the mean number loss over the positions
+it counts, `ntl_term` what λ times it adds to `loss`.
 """
 
 from __future__ import annotations
@@ -13,33 +15,55 @@ import flax
 import jax
 import optax
 
-from ntl_jax._core import variants
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import cross_entropy_and_ntl, fused_cross_entropy_and_ntl
 from ntl_jax.flax import _linen
-from ntl_jax.train.loss_names import loss_name
+from ntl_jax.train import loss_names
 
-# `--loss` values: "ce", the cross-entropy baseline (NTL-WAS at weight 0: logged, not
-# trained on), and "ntl-<variant>" for each variant of the one table, `variants.VARIANTS`
-# ("del", "dist2" and "smmd" for NTL's successors, `loss_names.loss_name`); and the same on the
-# Gaussian-smoothed cross-entropy (`gce_sigma`): "gce", "gce+ntl-<variant>", "gce+del".
-CE_DIAGNOSTIC_KIND = "was"
-GCE_PREFIX = "gce+"
-_PLAIN_KINDS = {"ce": CE_DIAGNOSTIC_KIND} | {loss_name(kind): kind for kind in variants.KINDS}
-LOSS_KINDS = (_PLAIN_KINDS | {"gce": CE_DIAGNOSTIC_KIND}
-              | {GCE_PREFIX + name: kind for name, kind in _PLAIN_KINDS.items() if name != "ce"})
+# `--loss` values (`loss_names`): "ce", the cross-entropy baseline (NTL-WAS at weight 0:
+# logged, not trained on); a number loss of `ntl_jax.losses` by the trainer's name of its
+# spec, "ntl-<variant>" ("del", "dist2" and "smmd" for NTL's successors), parameters in
+# parentheses ("smmd(mode=mmd)"); and the same on the Gaussian-smoothed cross-entropy
+# (`gce_sigma`): "gce", "gce+<number loss>".
+GCE_PREFIX = loss_names.GCE_PREFIX
 # The authors' default width of the Gaussian label (`GaussianLabelSmoother`).
 DEFAULT_GCE_SIGMA = 1.0
 
 
-def uses_gce(loss: str) -> bool:
-    """Whether `loss` ("gce", "gce+ntl-<variant>") smooths the cross-entropy's label."""
-    return loss == "gce" or loss.startswith(GCE_PREFIX)
+def uses_gce(loss) -> bool:
+    """Whether `loss` ("gce", "gce+<number loss>") smooths the cross-entropy's label."""
+    return isinstance(loss, str) and (loss == "gce" or loss.startswith(GCE_PREFIX))
 
 
-def trains_ntl(loss: str) -> bool:
-    """Whether `loss` trains on NTL ("ce" and "gce" only log it)."""
-    return loss not in ("ce", "gce")
+def trains_ntl(loss) -> bool:
+    """Whether `loss` trains on a number loss ("ce" and "gce" only log NTL-WAS)."""
+    return loss not in loss_names.PLAIN
+
+
+def objective(loss, ntl_weight: float, gce_sigma: float) -> dict:
+    """The `ntl_jax.cross_entropy_and_ntl` options of a token-head `loss` (a name, or a
+    `NumberLoss` trained as CE + λ·loss): `number_loss`, `ntl_weight` (0 for "ce" and
+    "gce", which log NTL-WAS) and `gce_sigma` (0 for the losses without "gce").
+
+    The paper's GCE + NTL-WAS-CDF scores NTL against GCE's label: "gce+ntl-was-cdf" is
+    NTL-WAS-CDF with a Gaussian label of GCE's width, unless its spec sets a width.
+    """
+    from ntl_jax import losses
+
+    number_loss = loss if isinstance(loss, losses.NumberLoss) else loss_names.number_loss(loss)
+    gce_sigma = gce_sigma if uses_gce(loss) else 0.0
+    if gce_sigma and number_loss.name == "was_cdf" and "sigma" not in dict(number_loss.params):
+        number_loss = _with_params(number_loss, sigma=float(gce_sigma))
+    return dict(number_loss=number_loss, ntl_weight=ntl_weight if trains_ntl(loss) else 0.0, gce_sigma=gce_sigma)
+
+
+def _with_params(number_loss, **params):
+    """A shipped `number_loss` with `params` added to its spec."""
+    from ntl_jax import losses
+
+    given = number_loss.spec[len(number_loss.name):].strip()[1:-1]
+    added = ", ".join(f"{key}={value!r}" for key, value in params.items())
+    return losses.parse(f"{number_loss.name}({', '.join(filter(None, (given, added)))})")
 
 
 def model_inputs(batch: dict) -> tuple[tuple, dict]:
@@ -74,7 +98,7 @@ def create_train_state(model, optimizer: optax.GradientTransformation, batch: di
 
 
 def make_train_step(model, optimizer: optax.GradientTransformation,
-                    number_tokens: NumberTokens, *, loss: str = "ntl-was",
+                    number_tokens: NumberTokens, *, loss="ntl-was",
                     ntl_weight: float = 0.3, z_loss: float = 1e-4,
                     loss_normalizing_factor: Any = "NUM_REAL_TARGET_TOKENS",
                     fused_loss: bool = False, gce_sigma: float = DEFAULT_GCE_SIGMA):
@@ -85,11 +109,12 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
         network interface); the batch's features say which (see `model_inputs`).
       optimizer: the optax transformation `state.opt_state` belongs to.
       number_tokens: the vocabulary's number tokens (a static closure constant).
-      loss: a key of `LOSS_KINDS`; "ce" trains with cross-entropy only (and logs
-        NTL-WAS as a diagnostic); "gce" likewise with the Gaussian-smoothed
-        cross-entropy, and "gce+ntl-<variant>" is GCE + λ·NTL (the paper pairs GCE with
+      loss: a token-head loss (`loss_names`): "ce" trains with cross-entropy only (and
+        logs NTL-WAS as a diagnostic); "gce" likewise with the Gaussian-smoothed
+        cross-entropy; a number loss ("ntl-was", "smmd(mode=mmd)", or a `NumberLoss`)
+        is CE + λ·loss, and "gce+<number loss>" GCE + λ·loss (the paper pairs GCE with
         NTL-WAS-CDF, "gce+ntl-was-cdf", which then scores against the smoothed label).
-      ntl_weight: λ in CE + λ·NTL (0.3 in the paper); ignored (0) for "ce" and "gce".
+      ntl_weight: λ (0.3 in the paper); ignored (0) for "ce" and "gce".
       z_loss, loss_normalizing_factor: as in T5X's cross-entropy.
       fused_loss: compute the loss from the decoder's hidden states and the logits
         kernel with `ntl_jax.fused_cross_entropy_and_ntl`, never forming the
@@ -97,24 +122,22 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
       gce_sigma: the width of the Gaussian label of the "gce" losses (1.0, the
         authors' default); not used by the others.
     """
-    if loss not in LOSS_KINDS:
-        raise ValueError(f"loss must be one of {sorted(LOSS_KINDS)}, got {loss!r}")
-    ntl_kind = LOSS_KINDS[loss]
-    if not trains_ntl(loss):
-        ntl_weight = 0.0
-    gce_sigma = gce_sigma if uses_gce(loss) else 0.0
+    try:
+        chosen = objective(loss, ntl_weight, gce_sigma)
+    except ValueError as e:
+        raise ValueError(f"loss: {e}") from None
 
     def loss_fn(params, batch, dropout_rng):
         args, kwargs = model_inputs(batch)
         kwargs.update(enable_dropout=True, rngs={"dropout": dropout_rng})
         targets = batch["decoder_target_tokens"]
-        options = dict(weights=batch["decoder_loss_weights"], ntl_kind=ntl_kind, ntl_weight=ntl_weight,
-                       z_loss=z_loss, gce_sigma=gce_sigma, loss_normalizing_factor=loss_normalizing_factor)
+        options = dict(weights=batch["decoder_loss_weights"], z_loss=z_loss,
+                       loss_normalizing_factor=loss_normalizing_factor, **chosen)
         if fused_loss:
             hidden, kernel = _linen.hidden_states_and_kernel(model, {"params": params}, *args, **kwargs)
             return fused_cross_entropy_and_ntl(hidden, kernel, targets, number_tokens, **options)
         logits = model.apply({"params": params}, *args, **kwargs)
-        # The one NTL line: T5X cross-entropy (+ z-loss) + ntl_weight * NTL, same weights.
+        # The one NTL line: T5X cross-entropy (+ z-loss) + ntl_weight * number loss, same weights.
         return cross_entropy_and_ntl(logits, targets, number_tokens, **options)
 
     @jax.jit

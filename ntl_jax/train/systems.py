@@ -1,8 +1,9 @@
 """The systems `ntl-jax train` and `compare` train, and what each is built from.
 
-Most are token-head losses (`step.LOSS_KINDS`: "ce", "ntl-<variant>", "gce",
-"gce+ntl-<variant>"): the trainer's network, the shipped digit-level vocabulary and
-greedy decoding. The paper's baselines differ in one place each:
+Most are token-head losses (`loss_names`: "ce", "ntl-<variant>", "del", "dist2",
+"smmd", a number loss's parameters in parentheses, and "gce", "gce+<number loss>"):
+the trainer's network, the shipped digit-level vocabulary and greedy decoding. The
+paper's baselines differ in one place each:
 
 * "regression-head" (`regression_head`): its own network (encoder -> one number) and
   step; encoder-decoder only.
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ntl_jax.train.loss_names import OWN_NAMES, loss_name  # noqa: F401  (loss_name: this module's API too)
+from ntl_jax.train import loss_names
+from ntl_jax.train.loss_names import OWN_NAMES, loss_name  # noqa: F401  (this module's API too)
 
 REGRESSION_HEAD = "regression-head"
 RT = "rt"
@@ -33,16 +35,33 @@ BASELINES = (REGRESSION_HEAD, RT, RT_NTL, XVAL)
 ENCODER_DECODER_ONLY = (REGRESSION_HEAD, XVAL)
 
 
-def weight_flag(system: str) -> str:
-    """The flag (an argparse dest) that holds `system`'s weight λ in CE + λ·loss:
-    "del_weight", "dist2_weight", "smmd_weight" or "ntl_weight"."""
-    own = system.removeprefix("gce+")
-    return f"{own}_weight" if own in OWN_NAMES else "ntl_weight"
+# λ in CE + λ·loss by default, by the name of the system's number loss: DEL's and DIST²'s
+# authors' settings on this objective; SMMD's released module adds its loss unweighted
+# (docs/guides/losses.md, "Weights"); NTL's 0.3 (the paper's) for every other system.
+DEFAULT_WEIGHTS = {"del": 0.001, "dist2": 0.1, "smmd": 1.0}
+NTL_WEIGHT = 0.3
+
+
+def default_weight(system: str) -> float:
+    """The weight λ of `system` when none is given: `DEFAULT_WEIGHTS` of its number
+    loss, else 0.3 (also for the systems without a number loss, which ignore it)."""
+    loss = token_loss(system)
+    if loss is None or loss in loss_names.PLAIN:
+        return NTL_WEIGHT
+    return DEFAULT_WEIGHTS.get(loss_names.number_loss(loss).name, NTL_WEIGHT)
+
+
+def canonical(system: str) -> str:
+    """The name runs record for `system` (`loss_names.canonical` for a token-head loss);
+    raises ValueError for a name that is no system."""
+    if system in BASELINES:
+        return system
+    return loss_names.canonical(system, others=BASELINES)
 
 
 def token_loss(system: str) -> str | None:
-    """The `step.LOSS_KINDS` key a token-head system trains with (RT's underlying
-    loss), or None for a system with its own step (regression head, xVal)."""
+    """The token-head loss (`loss_names`) a system trains with (RT's underlying loss),
+    or None for a system with its own step (regression head, xVal)."""
     if system in (REGRESSION_HEAD, XVAL):
         return None
     return RT_TOKEN_LOSSES.get(system, system)
@@ -64,10 +83,10 @@ def starts_from_ce(system: str) -> bool:
 
 def check(system: str, architecture: str) -> None:
     """Raises ValueError if `system` is unknown or cannot train `architecture`."""
-    from ntl_jax.train.step import LOSS_KINDS
-
-    if system not in LOSS_KINDS and system not in BASELINES:
-        raise ValueError(f"loss must be one of {sorted(LOSS_KINDS) + list(BASELINES)}, got {system!r}")
+    try:
+        canonical(system)
+    except ValueError as e:
+        raise ValueError(f"loss: {e}") from None
     if system in ENCODER_DECODER_ONLY and architecture != "encoder-decoder":
         raise ValueError(f"loss {system!r} expected architecture 'encoder-decoder', got "
                          f"{architecture!r}")

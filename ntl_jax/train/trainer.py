@@ -26,7 +26,12 @@ from ntl_jax.train.logging_utils import MetricsLog, finite_or_none, write_json
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a training run (saved with each checkpoint)."""
+    """Everything that defines a training run (saved with each checkpoint).
+
+    `loss` is a system (`systems`): a baseline, or a token-head loss whose number loss
+    and its parameters travel in the name ("smmd(mode=mmd)", `loss_names`); it is kept
+    as `systems.canonical` writes it, so equal losses are equal identities.
+    """
 
     loss: str = "ntl-was"
     preset: str = "tiny"
@@ -60,6 +65,12 @@ class TrainConfig:
     checkpoint_every: int = 500
     eval_every: int = 0  # 0: evaluate at the end only
     eval_batch_size: int = 250
+
+    def __post_init__(self):
+        try:
+            object.__setattr__(self, "loss", systems.canonical(self.loss))
+        except ValueError:
+            pass  # `validate` says what was expected
 
     def validate(self) -> None:
         systems.check(self.loss, self.architecture)

@@ -14,41 +14,48 @@ from typing import Callable
 import jax
 from flax import nnx
 
+from ntl_jax._core import variants
+from ntl_jax._core.migration import refuses_old_keywords
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import cross_entropy_and_ntl, fused_cross_entropy_and_ntl
+from ntl_jax._core.variants import NumberLoss
 from ntl_jax.tunix.heads import hidden_states_and_kernel
 
 # Tunix's cross-entropy divides by the number of targets its mask keeps.
 LOSS_NORMALIZING_FACTOR = "NUM_REAL_TARGET_TOKENS"
-# The loss parts the trainer logs, beside Tunix's own loss.
-LOGGED_PARTS = ("cross_entropy", "ntl")
+# The loss parts the trainer logs, beside Tunix's own loss: `ntl` is the number loss's
+# mean over the number targets it counts, `ntl_term` what it adds to the loss.
+LOGGED_PARTS = ("cross_entropy", "ntl", "ntl_term")
 
 
-def number_token_loss_fn(number_tokens: NumberTokens, *, ntl_weight: float = 0.3, ntl_kind: str | Callable = "was",
-                         fused: bool = False, **options) -> Callable:
+@refuses_old_keywords
+def number_token_loss_fn(number_tokens: NumberTokens, *, number_loss: NumberLoss | str | None = "was",
+                         ntl_weight: float = 0.3, fused: bool = False, **options) -> Callable:
     """A `PeftTrainer` loss function: `CE + ntl_weight * NTL` of the model's prediction
     of each next token, and its parts.
 
     Args:
       number_tokens: the model's vocabulary's `NumberTokens` (`ntl_jax.tunix.number_tokens`).
-      ntl_weight, ntl_kind: as in `ntl_jax.cross_entropy_and_ntl` (any kind: `"was"`,
-        `"mse"`, `"del"`, `"dist2"`, `"smmd"`, ...).
+      number_loss, ntl_weight: as in `ntl_jax.cross_entropy_and_ntl` (a `ntl_jax.losses`
+        value, yours too, a spec such as `"smmd(sigma=2)"`, or None for CE alone).
       fused: compute the loss from the final hidden states and the logits projection
         (`ntl_jax.fused_cross_entropy_and_ntl`), never holding the `[batch, length,
         vocab]` logits; the same loss and gradients to float32 rounding. Not with a
         soft-capped head (Gemma 2) or a LoRA adapter on the head.
-      **options: the objective's other options (`reweigh`, `gce_sigma`, `z_loss`,
+      **options: the objective's other options (`gce_sigma`, `z_loss`,
         `label_smoothing`, `chunk_size` with `fused`, ...).
 
     Returns:
       `loss_fn(model, input_tokens, input_mask, positions, attention_mask, images=None)`
-      returning `(loss, parts)`; give it to `PeftTrainer.with_loss_fn(loss_fn,
-      has_aux=True)`, or use `NumberTokenLossTrainer`, which also logs the parts.
+      returning `(loss, parts)` (`parts["ntl"]`: the number loss's mean over the number
+      targets; `parts["ntl_term"]`: what it adds to the loss); give it to
+      `PeftTrainer.with_loss_fn(loss_fn, has_aux=True)`, or use `NumberTokenLossTrainer`.
     """
     if not isinstance(number_tokens, NumberTokens):
         raise TypeError(f"expected NumberTokens (ntl_jax.tunix.number_tokens(tokenizer)), "
                         f"got {type(number_tokens).__name__}")
-    objective = dict(options, ntl_weight=ntl_weight, ntl_kind=ntl_kind,
+    variants.resolve(number_loss)  # a bad spec fails here, not at the first training step
+    objective = dict(options, number_loss=number_loss, ntl_weight=ntl_weight,
                      loss_normalizing_factor=LOSS_NORMALIZING_FACTOR)
 
     def loss_fn(model: nnx.Module, input_tokens: jax.Array, input_mask: jax.Array, positions: jax.Array,

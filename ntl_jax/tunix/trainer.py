@@ -7,7 +7,9 @@ from typing import Any
 import numpy as np
 from tunix.sft import peft_trainer
 
+from ntl_jax._core.migration import check_no_old_keywords
 from ntl_jax._core.number_tokens import NumberTokens
+from ntl_jax._core.variants import NumberLoss
 from ntl_jax.tunix.loss import LOGGED_PARTS, number_token_loss_fn
 
 
@@ -24,23 +26,27 @@ def _buffer_parts(buffer: peft_trainer.MetricsBuffer | None, parts: Any) -> None
 class NumberTokenLossTrainer(peft_trainer.PeftTrainer):
     """`PeftTrainer` training on `CE + ntl_weight * NTL` (`number_token_loss_fn`).
 
-    Besides Tunix's `loss` (the objective) and `perplexity`, its metrics logger records
-    `cross_entropy` and `ntl` (before `ntl_weight`) for training and evaluation. LoRA
-    models train their adapters, as with Tunix's loss.
+    Besides Tunix's `loss` (the objective) and `perplexity`, its metrics logger records,
+    for training and evaluation, `cross_entropy`, `ntl` (the number loss's mean over the
+    number targets) and `ntl_term` (what it adds to `loss`: `loss = cross_entropy +
+    ntl_term`, plus `z_loss` when set). LoRA models train their adapters, as with
+    Tunix's loss.
 
     Args:
       model, optimizer, training_config: as `PeftTrainer`'s.
       number_tokens: the vocabulary's `NumberTokens` (`ntl_jax.tunix.number_tokens`).
-      ntl_weight, ntl_kind, fused, **options: as `number_token_loss_fn`'s.
+      number_loss, ntl_weight, fused, **options: as `number_token_loss_fn`'s.
       metrics_logger: as `PeftTrainer`'s.
     """
 
     def __init__(self, model, optimizer, training_config: peft_trainer.TrainingConfig, number_tokens: NumberTokens,
-                 *, ntl_weight: float = 0.3, ntl_kind: str = "was", fused: bool = False, metrics_logger=None,
-                 **options):
+                 *, number_loss: NumberLoss | str | None = "was", ntl_weight: float = 0.3, fused: bool = False,
+                 metrics_logger=None, **options):
+        check_no_old_keywords(f"{type(self).__name__}()", options)
+        loss_fn = number_token_loss_fn(number_tokens, number_loss=number_loss, ntl_weight=ntl_weight, fused=fused,
+                                       **options)
         super().__init__(model, optimizer, training_config, metrics_logger=metrics_logger)
-        self.with_loss_fn(number_token_loss_fn(number_tokens, ntl_weight=ntl_weight, ntl_kind=ntl_kind, fused=fused,
-                                               **options), has_aux=True)
+        self.with_loss_fn(loss_fn, has_aux=True)
 
     def _post_process_train_step(self, aux: Any) -> None:
         _buffer_parts(self._buffered_train_metrics, aux)

@@ -1,7 +1,7 @@
 """Run as a script on 8 host CPU devices (FSDP over all eight): with vocabulary tiling, NTL
 computed inside MaxText's tiles, each tile's tokens spread over the devices, equals the
-untiled loss in value, NTL and gradients, for a kind read position by position and one
-read across positions. `test_maxtext_sharded.py` starts it in a subprocess, because the
+untiled loss in value, NTL and gradients, for a loss read position by position, one read
+across positions and one of one's own. `test_maxtext_sharded.py` starts it in a subprocess, because the
 device count is fixed when JAX initialises."""
 
 import dataclasses
@@ -14,7 +14,6 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ntl_jax import maxtext as ntl_maxtext  # noqa: E402
-from ntl_jax.maxtext import tiles  # noqa: E402
 from tests.maxtext import tiny  # noqa: E402
 from tests.maxtext.test_maxtext_loss import MULTI_DIGIT, _assert_trees_close, _installed_loss  # noqa: E402
 
@@ -31,16 +30,18 @@ def main():
     assert data["targets"].shape == (8, 32)
     model, mesh = tiny.model(config)
     tiled_model, _ = tiny.model(tiled)
-    for kind in ("was", "del"):
-        settings = dataclasses.replace(MULTI_DIGIT, kind=kind)
+    for number_loss in ("was", "del", tiny.SQUARED_DISTANCE):
+        settings = dataclasses.replace(MULTI_DIGIT, number_loss=number_loss)
+        name = settings.number_loss.name
         with jax.set_mesh(mesh):
-            loss, aux, grads = _installed_loss(settings, model, config, data)
-            tiled_loss, tiled_aux, tiled_grads = _installed_loss(settings, tiled_model, tiled, data)
-        assert tiles._ACTIVE is not None, kind  # computed inside the tiles
+            loss, aux, grads, _ = _installed_loss(settings, model, config, data)
+            tiled_loss, tiled_aux, tiled_grads, traced = _installed_loss(settings, tiled_model, tiled, data)
+        assert traced.in_tiles == 1 and traced.backward_calls, name  # computed inside the tiles
         np.testing.assert_allclose(float(tiled_aux["ntl_sum"]), float(aux["ntl_sum"]), rtol=2e-6)
+        assert float(tiled_aux["ntl_weight_sum"]) == float(aux["ntl_weight_sum"]) > 0, name
         np.testing.assert_allclose(float(tiled_loss), float(loss), rtol=2e-6)
         _assert_trees_close(tiled_grads, grads, rtol=1e-5)
-        print(f"{kind}: tiled and sharded equals untiled", flush=True)
+        print(f"{name}: tiled and sharded equals untiled", flush=True)
     print("OK")
 
 

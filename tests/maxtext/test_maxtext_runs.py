@@ -1,7 +1,8 @@
 """MaxText's own programs, launched through `ntl_jax.maxtext` as a user launches them:
 a tiny pretraining run on synthetic data with CE and with CE + NTL logs NTL beside the
-cross-entropy in the metrics file and in TensorBoard, in training and in evaluation; the
-ahead-of-time compile for a v5e topology; a few steps of supervised fine-tuning."""
+cross-entropy in the metrics file and in TensorBoard, in training and in evaluation; a
+loss of one's own trains launched from Python; the ahead-of-time compile for a v5e
+topology; a bad or old setting stops the launch with its name."""
 
 import glob
 import json
@@ -87,10 +88,14 @@ def test_training_logs_ntl_beside_the_cross_entropy(runs):
         for m in train:
             assert m["learning/number_targets"] > 0 and m["learning/ntl"] > 0
             # MaxText's lm_loss and perplexity stay the cross-entropy; its loss is what trains.
-            assert m["learning/loss"] == pytest.approx(m["learning/lm_loss"] + weight * m["learning/ntl"], rel=1e-6)
-        assert "ntl: " in log and "number targets" in log
+            assert m["learning/loss"] == pytest.approx(m["learning/lm_loss"] + m["learning/ntl_term"], rel=1e-6)
+            # ntl: NTL-WAS's mean over the number targets it counts; ntl_term: weight x its
+            # sum over the real targets' count, as lm_loss is the cross-entropy's.
+            assert m["learning/ntl_term"] == pytest.approx(
+                weight * m["learning/ntl"] * m["learning/number_targets"] / m["learning/total_weights"], rel=1e-5)
+        assert "ntl: " in log and "number targets" in log and "ntl_term: " in log
         tags = _tensorboard_tags(tmp / name / "tensorboard")
-        assert {"learning/ntl", "learning/lm_loss", "eval/avg_ntl", "eval/avg_loss"} <= tags
+        assert {"learning/ntl", "learning/ntl_term", "learning/lm_loss", "eval/avg_ntl", "eval/avg_loss"} <= tags
 
 
 def test_evaluation_logs_ntl_over_the_evaluations_targets(runs):
@@ -100,7 +105,9 @@ def test_evaluation_logs_ntl_over_the_evaluations_targets(runs):
         assert [m["step"] for m in evals] == [0, 2]
         for m in evals:
             assert m["eval/number_targets"] > 0
-            assert m["eval/avg_ntl"] == pytest.approx(m["eval/ntl_sum"] / m["eval/total_weights"], rel=1e-6)
+            # NTL-WAS counts the number targets: its mean over them.
+            assert m["eval/ntl_weight_sum"] == m["eval/number_targets"]
+            assert m["eval/avg_ntl"] == pytest.approx(m["eval/ntl_sum"] / m["eval/ntl_weight_sum"], rel=1e-6)
         assert "eval step" in log
 
 
@@ -118,7 +125,7 @@ def test_gradient_accumulation_trains_the_step_the_whole_batch_trains(runs):
     whole = [m for m in runs["ntl"][2] if "learning/loss" in m]
     accumulated = [m for m in runs["accumulated"][2] if "learning/loss" in m]
     assert accumulated[0]["learning/total_weights"] == whole[0]["learning/total_weights"]
-    for key in ("learning/loss", "learning/lm_loss", "learning/ntl", "learning/number_targets"):
+    for key in ("learning/loss", "learning/lm_loss", "learning/ntl", "learning/ntl_term", "learning/number_targets"):
         # MaxText rebuilds its loss from the cross-entropy under accumulation; the launcher adds NTL back.
         assert accumulated[0][key] == pytest.approx(whole[0][key], rel=1e-5), key
     # Each micro-batch's gradient computed in bfloat16 (the runs' dtype), summed in float32.
@@ -134,6 +141,7 @@ def test_in_vocabulary_tiles_the_step_is_the_untiled_step(runs):
     # The number tokens' logits in bfloat16 (the runs' dtype), read from a tile's logits or
     # computed as their columns alone: a matmul of another shape, a rounding apart.
     assert tiled[0]["learning/ntl"] == pytest.approx(untiled[0]["learning/ntl"], rel=1e-3)
+    assert tiled[0]["learning/ntl_term"] == pytest.approx(untiled[0]["learning/ntl_term"], rel=1e-3)
     assert tiled[0]["learning/raw_grad_norm"] == pytest.approx(untiled[0]["learning/raw_grad_norm"], rel=1e-3)
     assert tiled[-1]["learning/ntl"] == pytest.approx(untiled[-1]["learning/ntl"], rel=1e-3)
     evals = [[m for m in runs[name][2] if "eval/avg_ntl" in m] for name in ("accumulated", "tiled")]
@@ -159,14 +167,45 @@ def test_a_run_resumes_from_its_checkpoint(runs, tmp_path_factory):
 def test_the_ahead_of_time_compile_for_a_v5e_pod_takes_the_number_loss(tmp_path):
     log = _launch("ntl_jax.maxtext.train_compile",
                   [*RUN, "run_name=aot", f"base_output_directory={tmp_path}", "compile_topology=v5e-4",
-                   "compile_topology_num_slices=1", "ntl_weight=0.3", "ntl_kind=del"],
+                   "compile_topology_num_slices=1", "ntl_weight=0.3", "ntl_number_loss=del"],
                   tmp_path, ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_ACCELERATOR_TYPE="v5litepod-4")
     assert "Finished train_compile.py successfully!" in log
     assert "Memory analysis:" in log
 
 
 def test_a_bad_setting_stops_the_launch_with_its_name(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "ntl_jax.maxtext.train", tiny.BASE, *RUN, "ntl_kind=wass"],
-                          capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    assert done.returncode != 0
-    assert "expected ntl_kind in" in done.stderr and "got 'wass'" in done.stderr
+    for setting, said in (("ntl_number_loss=wass", ("ntl_number_loss='wass': expected a number loss in", "got 'wass'")),
+                          ("ntl_number_loss=was(squash=2)", ("number loss 'was' has no parameter 'squash'",)),
+                          ("ntl_kind=was", ("ntl_kind is no longer a key", "'ntl_number_loss=was'"))):
+        done = subprocess.run([sys.executable, "-m", "ntl_jax.maxtext.train", tiny.BASE, *RUN, setting],
+                              capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        assert done.returncode != 0
+        for words in said:
+            assert words in done.stderr, setting
+
+
+# A loss of one's own, launched from Python: `main` takes it where the command line takes a spec.
+OWN_LOSS_LAUNCH = """
+import sys
+from absl import app
+from ntl_jax.maxtext import train
+from tests.maxtext.tiny import SQUARED_DISTANCE
+app.run(lambda argv: train.main(argv, number_loss=SQUARED_DISTANCE), argv=sys.argv)
+"""
+
+
+def test_a_loss_of_ones_own_trains_through_the_launcher_from_python(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    args = [a for a in RUN if not a.startswith(("steps=", "eval_interval", "eval_steps"))]
+    done = subprocess.run([sys.executable, "-c", OWN_LOSS_LAUNCH, tiny.BASE, *args, "steps=3", "eval_interval=-1",
+                           "run_name=own", f"base_output_directory={tmp_path}", "enable_checkpointing=false",
+                           f"metrics_file={tmp_path / 'metrics.jsonl'}", "ntl_weight=0.3"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=900,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    train = [m for m in _metrics(tmp_path / "metrics.jsonl") if "learning/loss" in m]
+    assert [m["step"] for m in train] == [0, 1, 2]
+    for m in train:
+        assert m["learning/ntl"] > 0 and m["learning/number_targets"] > 0
+        assert m["learning/loss"] == pytest.approx(m["learning/lm_loss"] + m["learning/ntl_term"], rel=1e-6)
+    assert "ntl: " in done.stdout + done.stderr

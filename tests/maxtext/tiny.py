@@ -1,10 +1,14 @@
-"""A tiny MaxText model on the CPU: the command-line settings shared by the tests, and
-the config, model and a batch with number targets built in-process."""
+"""A tiny MaxText model on the CPU: the command-line settings shared by the tests, the
+config, model and a batch with number targets built in-process, and a number loss of
+one's own."""
 
 import os
 
+import jax.numpy as jnp
 import maxtext
 import numpy as np
+
+from ntl_jax import losses
 
 ASSETS = os.path.join(os.path.dirname(maxtext.__file__), "assets", "tokenizers")
 CONFIGS = os.path.join(os.path.dirname(maxtext.__file__), "configs")
@@ -45,3 +49,14 @@ def batch(config, numbers, *, seed=0):
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (batch_size, length))
     return {"inputs": tokens[:, :-1], "inputs_position": positions, "inputs_segmentation": segmentation,
             "targets": tokens[:, 1:], "targets_position": positions, "targets_segmentation": segmentation}
+
+
+def _squared_distance(columns, target, number_tokens):  # a function of each number token
+    return jnp.square(columns.value - target.value[..., None])
+
+
+# A loss a user writes (docs/guides/losses.md): E_p[(v - y)^2], the expected squared
+# distance, counted at number targets.
+SQUARED_DISTANCE = losses.NumberLoss(
+    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
+    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))

@@ -41,7 +41,7 @@ def test_the_report_lays_the_step_out_over_the_slice(report):
     assert (r["topology"], r["device_kind"], r["chips"], r["hosts"]) == ("v5e:2x2", "TPU v5 lite", 4, 1)
     assert r["mesh"] == {"data": 4, "model": 1}
     assert r["batch_size"] == 32 and r["feature_lengths"] == {"inputs": 192, "targets": 32}
-    assert r["ntl"] == {"ntl_weight": 0.3, "ntl_kind": "was", "fused": "auto"}  # the gin files' default
+    assert r["ntl"] == {"ntl_weight": 0.3, "number_loss": "was", "fused": "auto"}  # the gin files' default
     assert r["fits"] and r["hbm_bytes"] == 16 * 1024**3
     # Each chip holds the whole (replicated) model and a quarter of the batch, packed: 8
     # rows of int32 encoder tokens, segment ids and positions (192 each) and decoder
@@ -105,6 +105,6 @@ def test_the_papers_baselines_compile_for_the_slice(tmp_path, system):
         # (float32), 32 each.
         assert r["ntl"] == {} and r["batch_bytes"] == 8 * (2 * 192 + 5 * 32) * 4
     else:
-        assert r["ntl"] == {"ntl_weight": 0.3, "ntl_kind": "mse", "fused": "auto"}
+        assert r["ntl"] == {"ntl_weight": 0.3, "number_loss": "mse", "fused": "auto"}
         assert r["batch_bytes"] == 8 * (3 * 192 + 5 * 32) * 4
     assert r["fits"]

@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import seqio  # noqa: E402
 import t5x  # noqa: E402
 
+from ntl_jax import losses  # noqa: E402
 from ntl_jax.seqio import vocabularies  # noqa: E402
 from ntl_jax.t5x import configs  # noqa: E402
 from ntl_jax.t5x import models as ntl_models  # noqa: E402
@@ -41,7 +42,7 @@ SYSTEM_FILES = [f for f in ALL_FILES if f.startswith("systems/")]
 OVERLAYS = sorted(set(ALL_FILES) - set(EXPERIMENTS) - set(LOSS_FILES) - set(MODEL_FILES) - set(PAPER_RUNS)
                   - set(SYSTEM_FILES))
 SIZES = {"tiny", "small", "base", "large", "xl"}
-# Each way to pick a loss: (extra gin files, bindings) -> (ntl_weight, ntl_kind).
+# Each way to pick a loss: (extra gin files, bindings) -> (ntl_weight, the number loss's spec).
 LOSS_CHOICES = {
     "default": ((), (), (0.3, "was")),
     "losses/ce.gin": (("losses/ce.gin",), (), (0.0, "was")),
@@ -51,8 +52,12 @@ LOSS_CHOICES = {
     "losses/dist2.gin": (("losses/dist2.gin",), (), (0.1, "dist2")),
     "losses/smmd.gin": (("losses/smmd.gin",), (), (1.0, "smmd")),
     "NTL_WEIGHT=0.0": ((), ("NTL_WEIGHT = 0.0",), (0.0, "was")),
-    "NTL_KIND='mse'": ((), ("NTL_KIND = 'mse'",), (0.3, "mse")),
-    "NTL_KIND='mae'": ((), ("NTL_KIND = 'mae'",), (0.3, "mae")),
+    "NTL_LOSS='mse'": ((), ("NTL_LOSS = 'mse'",), (0.3, "mse")),
+    "NTL_LOSS='mae'": ((), ("NTL_LOSS = 'mae'",), (0.3, "mae")),
+    # A loss's own parameter, bound on its constructor.
+    "losses.was.squash_factor=2.0": ((), ("losses.was.squash_factor = 2.0",), (0.3, "was(squash_factor=2.0)")),
+    "losses/smmd.gin + losses.smmd.mode='mmd'": (("losses/smmd.gin",), ("losses.smmd.mode = 'mmd'",),
+                                                 (1.0, "smmd(mode=mmd)")),
 }
 # What the earlier experiment files set, by (protocol, task); fine-tuning also restored
 # gs://t5-data/pretrained_models/t5x/t5_1_1_<size>/checkpoint_1000000.
@@ -138,11 +143,52 @@ def test_model_file_builds_ntl_model(gin_env, local_sentencepiece, name):
     assert text.startswith("# Provides MODEL\n"), "model files are headed '# Provides MODEL' (T5X style)"
     model = _parse_and_build([name], _offline_bindings(local_sentencepiece))
     assert isinstance(model, (ntl_models.NTLEncoderDecoderModel, ntl_models.NTLDecoderOnlyModel))
-    assert model.ntl_options == {"ntl_weight": 0.3, "ntl_kind": "was", "reweigh": False, "squash_factor": None}
+    assert model.ntl_options == {"ntl_weight": 0.3, "number_loss": "was"}
+    assert model.number_loss is losses.was()
     assert model.number_tokens.num_numbers == 10
     if "byte" in name:
         assert isinstance(model.output_vocabulary, seqio.ByteVocabulary)
         assert model.module.config.vocab_size == 384  # 259 ids rounded up by padded_vocab_size
+
+
+@pytest.mark.parametrize("binding, new_form", [
+    ("ntl_models.NTLEncoderDecoderModel.ntl_kind = 'mse'", "number_loss= a name"),
+    ("ntl_models.NTLEncoderDecoderModel.squash_factor = 2.0", r"number_loss=ntl_jax.losses.was\(squash_factor=...\)"),
+])
+def test_a_loss_parameter_bound_on_the_model_names_the_new_form(gin_env, local_sentencepiece, binding, new_form):
+    with pytest.raises(TypeError, match=rf"NTLEncoderDecoderModel\(\) no longer takes \w+= \(ntl_jax 0.3.0\); "
+                                        rf"pass {new_form}"):
+        _parse_and_build(["models/t5_1_1_tiny_ntl.gin"], [*_offline_bindings(local_sentencepiece), binding])
+
+
+def test_the_loss_macro_takes_a_spec_string_or_none(gin_env, local_sentencepiece):
+    """On the command line (`--gin.NTL_LOSS=\\"smmd(mode=mmd)\\"`) the loss is a spec
+    string, parsed by `ntl_jax.losses.parse`; `"none"` trains with cross-entropy alone."""
+    bindings = _offline_bindings(local_sentencepiece)
+    model = _parse_and_build(["models/t5_1_1_tiny_ntl.gin"], [*bindings, "NTL_LOSS = 'smmd(mode=mmd)'"])
+    assert model.number_loss is losses.smmd(mode="mmd")
+    gin.clear_config(clear_constants=True)
+    model = _parse_and_build(["models/t5_1_1_tiny_ntl.gin"], [*bindings, "NTL_LOSS = 'none'"])
+    assert model.number_loss is None and model.ntl_options == {"ntl_weight": 0.3, "number_loss": "none"}
+
+
+def squared_distance():
+    """A configurable of the user's own that makes a `NumberLoss` (the guide's example)."""
+    from tests.t5x.test_t5x_models import SQUARED_DISTANCE
+
+    return SQUARED_DISTANCE
+
+
+def test_a_loss_of_ones_own_through_gin(gin_env, local_sentencepiece, tmp_path):
+    own = tmp_path / "own_loss.gin"
+    own.write_text("from __gin__ import dynamic_registration\n"
+                   "from tests.t5x import test_t5x_gin as user\n"
+                   "NTL_LOSS = @user.squared_distance()\n")
+    gin.parse_config_files_and_bindings(["t5x_configs/models/t5_1_1_tiny_ntl.gin", str(own)],
+                                        _offline_bindings(local_sentencepiece), finalize_config=True)
+    model = _macro("MODEL")
+    assert model.number_loss is squared_distance()
+    assert model.ntl_options == {"ntl_weight": 0.3, "number_loss": "squared_distance"}
 
 
 def test_decoder_only_file_has_t5x_s_settings(gin_env, local_sentencepiece):
@@ -198,8 +244,8 @@ def test_experiment_file_builds_its_model(gin_env, local_sentencepiece, name, lo
     files, bindings, expected = LOSS_CHOICES[loss]
     model = _parse_and_build([name, *files], [*_offline_bindings(local_sentencepiece, dropout=False), *bindings])
     assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
-    assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == expected
-    assert (model.ntl_options["reweigh"], model.ntl_options["squash_factor"]) == (False, None)
+    assert (model.ntl_options["ntl_weight"], model.ntl_options["number_loss"]) == expected
+    assert model.number_loss is losses.parse(expected[1])  # the one value the constructor gives
     # The task exists and uses the model's vocabulary (what t5x.train checks first).
     task = seqio.get_mixture_or_task(_macro("MIXTURE_OR_TASK_NAME"))
     assert task.output_features["targets"].vocabulary == model.output_vocabulary
@@ -228,7 +274,7 @@ def test_paper_run_builds_its_model_and_task(gin_env, local_sentencepiece, name,
     files, bindings, expected = LOSS_CHOICES[loss]
     model = _parse_and_build([name, *files], [*_offline_bindings(local_sentencepiece, dropout=False), *bindings])
     assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
-    assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == expected
+    assert (model.ntl_options["ntl_weight"], model.ntl_options["number_loss"]) == expected
     # T5.1.0's network: 3B has 24 + 24 layers of 1024, Small 6 + 6 of 512.
     config = model.module.config
     size = (24, 1024) if "3b" in name else (6, 512)
@@ -257,8 +303,8 @@ def test_earlier_experiment_is_reachable(gin_env, local_sentencepiece, old, file
     if not _has_tasks():
         pytest.skip("ntl_jax.seqio.tasks is not available")
     model = _parse_and_build(files, [*_offline_bindings(local_sentencepiece, dropout=False), *bindings])
-    kind, weight = EARLIER_LOSSES[re.search(r"_(ce|ntl_mse|ntl_was)\.gin$", old).group(1)]
-    assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == (weight, kind)
+    spec, weight = EARLIER_LOSSES[re.search(r"_(ce|ntl_mse|ntl_was)\.gin$", old).group(1)]
+    assert (model.ntl_options["ntl_weight"], model.ntl_options["number_loss"]) == (weight, spec)
     protocol, stem = old.split("/")[1], pathlib.Path(old).stem.rsplit("_ntl", 1)[0].removesuffix("_ce")
     size, task = ("tiny", stem) if stem.startswith("tiny_byte") else stem.split("_", 1)
     task_name, steps = EARLIER_SETTINGS[(protocol, task)]
@@ -322,7 +368,7 @@ def test_wheel_ships_the_gin_files_and_finds_them(tmp_path):
     np.testing.assert_equal(len(shipped), len(ALL_FILES))
 
 
-# The paper's baselines as overlays: RT with (ntl_weight, ntl_kind), and xVal.
+# The paper's baselines as overlays: RT with (ntl_weight, the number loss's spec), and xVal.
 SYSTEMS = {"systems/rt.gin": ("_rt", (0.0, "mse")), "systems/rt_ntl.gin": ("_rt", (0.3, "mse")),
            "systems/xval.gin": ("_xval", None)}
 ENCODER_DECODER_SIZES = [f for f in MODEL_FILES if "decoder_only" not in f and "byte" not in f]
@@ -351,7 +397,7 @@ def test_a_system_file_turns_a_run_into_the_papers_baseline(gin_env, local_sente
     if suffix == "_rt":
         assert isinstance(model, ntl_models.NTLEncoderDecoderModel)
         assert isinstance(model.module, ntl_networks.RtTransformer)
-        assert (model.ntl_options["ntl_weight"], model.ntl_options["ntl_kind"]) == ntl
+        assert (model.ntl_options["ntl_weight"], model.ntl_options["number_loss"]) == ntl
         assert model.output_vocabulary == vocabularies.rt_vocabulary() == model.input_vocabulary
         assert model.module.config.vocab_size == 1664  # 1,550 ids rounded up to 128s
         assert model.number_tokens.num_numbers == 550  # the RT pieces, each valued at its digit

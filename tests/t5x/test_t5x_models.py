@@ -17,6 +17,7 @@ from t5x.examples.decoder_only import network as decoder_only_network  # noqa: E
 from t5x.examples.t5 import network as t5_network  # noqa: E402
 
 import ntl_jax  # noqa: E402
+from ntl_jax import losses  # noqa: E402
 from ntl_jax.t5x import models as ntl_models  # noqa: E402
 
 VOCAB = seqio.ByteVocabulary()  # 259 ids, digits '0'..'9' are 51..60
@@ -133,11 +134,11 @@ def _t5x_reference_ntl(model, logits, batch, factor_option, kind="was"):
         total = ntl_jax.ntl_was(logits, targets, nt, weights=weights, reduction="sum")
         mean = ntl_jax.ntl_was(logits, targets, nt, weights=weights, reduction="mean")
     elif kind in ("del", "dist2"):
-        total = ntl_jax.number_token_loss(logits, targets, nt, weights=weights, ntl_kind=kind, reduction="sum")
-        mean = ntl_jax.number_token_loss(logits, targets, nt, weights=weights, ntl_kind=kind, reduction="mean")
+        total = ntl_jax.number_token_loss(logits, targets, nt, weights=weights, number_loss=kind, reduction="sum")
+        mean = ntl_jax.number_token_loss(logits, targets, nt, weights=weights, number_loss=kind, reduction="mean")
     else:
-        total = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, ntl_kind=kind, reduction="sum")
-        mean = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, ntl_kind=kind, reduction="mean")
+        total = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, loss_function=kind, reduction="sum")
+        mean = ntl_jax.ntl_dot(logits, targets, nt, weights=weights, loss_function=kind, reduction="mean")
     return (total if factor is None else total / factor), mean
 
 
@@ -183,15 +184,18 @@ def test_ntl_term_equals_reference(encdec_params, factor, packed, kind):
     batch = _batch(packed, seed=1)
     options = dict(z_loss=1e-4, loss_normalizing_factor=factor)
     stock = _encdec(t5x_models.EncoderDecoderModel, **options)
-    ours = _encdec(ntl_models.NTLEncoderDecoderModel, ntl_weight=0.3, ntl_kind=kind, **options)
+    ours = _encdec(ntl_models.NTLEncoderDecoderModel, ntl_weight=0.3, number_loss=kind, **options)
     stock_loss, stock_metrics = stock.loss_fn(encdec_params, batch, None)
     our_loss, metrics = ours.loss_fn(encdec_params, batch, None)
     logits = ours._compute_logits(encdec_params, batch)
     ntl, ntl_mean = _t5x_reference_ntl(ours, logits, batch, factor, kind)
     assert float(ntl) > 0
     np.testing.assert_allclose(float(our_loss), float(stock_loss) + 0.3 * float(ntl), rtol=1e-5)
-    np.testing.assert_allclose(float(metrics["ntl_loss"].compute()), float(ntl), rtol=1e-5)
-    np.testing.assert_allclose(float(metrics["ntl_loss_per_number_token"].compute()), float(ntl_mean), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["ntl_term"].compute()), 0.3 * float(ntl), rtol=1e-5)
+    # `ntl`: the mean over the counted positions (clu's Average), whatever the factor.
+    assert type(metrics["ntl"]).__name__ == "Average"
+    np.testing.assert_allclose(float(metrics["ntl"].compute()), float(ntl_mean), rtol=1e-5)
+    assert "ntl_loss" not in metrics and "ntl_loss_per_number_token" not in metrics
     # cross_ent_loss stays the stock cross-entropy (without z-loss), not CE + NTL.
     stock_ce = float(stock_metrics["cross_ent_loss"].compute())
     np.testing.assert_allclose(float(metrics["cross_ent_loss"].compute()), stock_ce, rtol=1e-5)
@@ -272,10 +276,13 @@ def test_number_tokens_from_output_vocabulary():
     [
         (dict(ntl_weight=-0.1), ValueError),
         (dict(ntl_weight="0.3"), TypeError),
-        (dict(ntl_kind="l2"), ValueError),
-        (dict(reweigh="yes"), TypeError),
-        (dict(squash_factor=1.0), ValueError),
-        (dict(ntl_kind="mse", squash_factor=2.0), ValueError),
+        (dict(number_loss="l2"), ValueError),
+        (dict(number_loss="was(reweigh=yes)"), ValueError),  # a bad value in a spec string
+        (dict(number_loss=3), TypeError),
+        (dict(number_loss="was(squash_factor=1.0)"), ValueError),
+        (dict(number_loss="mse(squash_factor=2.0)"), ValueError),
+        (dict(ntl_kind="mse"), TypeError),  # removed: the new form is named
+        (dict(squash_factor=2.0), TypeError),
     ],
 )
 def test_bad_options_raise(kwargs, error):
@@ -313,8 +320,8 @@ def test_fused_loss_equals_the_unfused_model(architecture, encdec_params, decode
     """`fused_loss=True` (the network without its logits projection, the loss streamed
     over vocabulary chunks): the same loss, gradients and metrics as the logits path."""
     batch = _batch(packed=True, seed=11)
-    options = dict(ntl_kind="was", reweigh=True, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", z_loss=1e-4,
-                   label_smoothing=0.1)
+    options = dict(number_loss=losses.was(reweigh=True), loss_normalizing_factor="NUM_REAL_TARGET_TOKENS",
+                   z_loss=1e-4, label_smoothing=0.1)
     if architecture == "encoder-decoder":
         params = encdec_params
         unfused = _encdec(ntl_models.NTLEncoderDecoderModel, **options)
@@ -350,7 +357,7 @@ def test_auto_fuses_by_the_rule_and_equals_the_unfused_model(architecture, lengt
     gradients, fused exactly where the batch holds at least d_model (16) target tokens:
     3 x 10 do, 3 x 5 do not."""
     batch = {name: value[:, :length] for name, value in _batch(packed=False, seed=12).items()}
-    options = dict(ntl_kind="was", loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", z_loss=1e-4)
+    options = dict(number_loss="was", loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", z_loss=1e-4)
     if architecture == "encoder-decoder":
         params, build, cls = encdec_params, _encdec, ntl_models.NTLEncoderDecoderModel
     else:
@@ -364,3 +371,53 @@ def test_auto_fuses_by_the_rule_and_equals_the_unfused_model(architecture, lengt
     hlo = jax.jit(jax.grad(lambda p: auto.loss_fn(p, batch, None)[0])).lower(params).compile().as_text()
     exps = re.findall(rf"f32\[(?:3,{length}|{3 * length}),{MODEL_VOCAB_SIZE}\]\S* exponential\(", hlo)
     assert bool(exps) == (3 * length < 16), length
+
+
+# -- a loss of the user's own ----------------------------------------------------------
+
+
+def _squared_distance(columns, target, number_tokens):  # a function of each number token
+    return jnp.square(columns.value - target.value[..., None])
+
+
+# E_p[(v - y)^2]: the expected squared distance, counted at number targets
+SQUARED_DISTANCE = losses.NumberLoss(
+    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
+    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
+
+
+@pytest.mark.parametrize("fused_loss", [False, True], ids=["logits", "fused"])
+def test_a_loss_of_ones_own_trains_through_loss_fn(encdec_params, fused_loss):
+    """A `NumberLoss` written in a few lines is the model's `number_loss` as a shipped
+    one is: its loss is `cross_entropy_and_ntl`'s with it, and a few steps of gradient
+    descent on `loss_fn` lower it (and the expected squared distance, `ntl`)."""
+    batch = _batch(packed=True, seed=13)
+    factor = "NUM_REAL_TARGET_TOKENS"
+    model = _encdec(ntl_models.NTLEncoderDecoderModel, number_loss=SQUARED_DISTANCE, ntl_weight=0.3,
+                    loss_normalizing_factor=factor, fused_loss=fused_loss, fused_chunk_size=100)
+    assert model.ntl_options == {"ntl_weight": 0.3, "number_loss": "squared_distance"}
+    step = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(p, batch, None), has_aux=True))
+    (loss, metrics), grads = step(encdec_params)
+    logits = model._compute_logits(encdec_params, batch)
+    segments = {k: batch[k] for k in ("decoder_segment_ids", "decoder_positions")}
+    want, parts = ntl_jax.cross_entropy_and_ntl(logits, batch["decoder_target_tokens"], model.number_tokens,
+                                                weights=batch["decoder_loss_weights"], number_loss=SQUARED_DISTANCE,
+                                                loss_normalizing_factor=factor, **segments)
+    np.testing.assert_allclose(float(loss), float(want), rtol=2e-5)
+    np.testing.assert_allclose(float(metrics["ntl"].compute()), float(parts["ntl"]), rtol=2e-5)
+    # Against the plain formula: sum_j softmax(z)_j (v_j - y)^2 over the digits' logits z.
+    targets, weights = np.asarray(batch["decoder_target_tokens"]), np.asarray(batch["decoder_loss_weights"])
+    z = np.asarray(logits, np.float64)[..., DIGIT_IDS]
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    counted = (targets >= 51) & (targets <= 60) & (weights > 0)
+    per_position = (p * np.square(np.arange(10) - (targets - 51)[..., None])).sum(-1)
+    np.testing.assert_allclose(float(metrics["ntl"].compute()), per_position[counted].mean(), rtol=2e-5)
+    params, history = encdec_params, [(float(loss), float(metrics["ntl"].compute()))]
+    for _ in range(3):
+        params = jax.tree.map(lambda p, g: p - 0.5 * g, params, grads)
+        (loss, metrics), grads = step(params)
+        history.append((float(loss), float(metrics["ntl"].compute())))
+    assert all(np.isfinite(history).ravel()), history
+    assert all(b[0] < a[0] for a, b in zip(history, history[1:])), history
+    assert history[-1][1] < history[0][1], history

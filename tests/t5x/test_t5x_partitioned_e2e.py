@@ -57,8 +57,8 @@ from ntl_jax.t5x import models as ntl_models
 NTL_FUSED_LOSS = True
 ntl_models.NTLEncoderDecoderModel.fused_chunk_size = 64
 """
-COMPARED = ["loss", "cross_ent_loss", "z_loss", "ntl_loss", "ntl_loss_per_number_token", "number_abs_error",
-            "number_token_mass", "accuracy", "loss_per_nonpadding_target_token"]
+COMPARED = ["loss", "cross_ent_loss", "z_loss", "ntl_term", "ntl", "number_abs_error", "number_token_mass",
+            "accuracy", "loss_per_nonpadding_target_token"]
 
 
 def _train_one_step(tmp_path, name, devices, partitions, extra="", dump_hlo=False):
@@ -104,20 +104,20 @@ def test_the_model_is_partitioned(runs):
 def test_step_one_metrics_equal_the_single_device_run(runs):
     single, sharded = (_scalars(run / "train") for run in runs)
     assert single["loss"].keys() == sharded["loss"].keys() == {1}
-    assert single["ntl_loss"][1] > 0
+    assert single["ntl"][1] > 0 and single["ntl_term"][1] > 0
     for tag in COMPARED:
         a, b = single[tag][1], sharded[tag][1]
         assert math.isfinite(a), tag
         assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7), (tag, a, b)
-    # Loss = CE + z-loss + 0.3 * NTL on both.
-    total = sharded["cross_ent_loss"][1] + sharded["z_loss"][1] + 0.3 * sharded["ntl_loss"][1]
+    # Loss = CE + z-loss + the NTL term (0.3 * NTL's sum over the factor) on both.
+    total = sharded["cross_ent_loss"][1] + sharded["z_loss"][1] + sharded["ntl_term"][1]
     assert math.isclose(sharded["loss"][1], total, rel_tol=1e-5)
 
 
 def test_evaluation_after_the_step_equals_the_single_device_run(runs):
     # The parameters after one (sharded) Adafactor update give the same evaluation loss.
     single, sharded = (_scalars(run / "training_eval" / TASK) for run in runs)
-    for tag in ("loss", "ntl_loss", "cross_ent_loss"):
+    for tag in ("loss", "ntl", "cross_ent_loss"):
         assert math.isclose(single[tag][1], sharded[tag][1], rel_tol=1e-5), (tag, single[tag], sharded[tag])
 
 
@@ -162,7 +162,7 @@ def test_fused_step_one_metrics_equal_the_single_device_run(fused_runs):
     (line,) = [x for x in info.splitlines() if "Variable decoder/logits_dense/kernel " in x]
     assert f"(embed={EMB_DIM}, vocab={VOCAB})" in line and "(None, 'model')" in line, line
     single = _scalars(fused_runs["single"] / "train")
-    assert single["loss"].keys() == {1} and single["ntl_loss"][1] > 0
+    assert single["loss"].keys() == {1} and single["ntl"][1] > 0
     for name in ("vocab_parallel", "xla"):
         sharded = _scalars(fused_runs[name] / "train")
         for tag in COMPARED:
@@ -171,7 +171,7 @@ def test_fused_step_one_metrics_equal_the_single_device_run(fused_runs):
             assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7), (name, tag, a, b)
     # The parameters after one vocabulary-parallel update give the same evaluation loss.
     single, sharded = (_scalars(fused_runs[name] / "training_eval" / TASK) for name in ("single", "vocab_parallel"))
-    for tag in ("loss", "ntl_loss", "cross_ent_loss"):
+    for tag in ("loss", "ntl", "cross_ent_loss"):
         assert math.isclose(single[tag][1], sharded[tag][1], rel_tol=1e-5), (tag, single[tag], sharded[tag])
 
 
@@ -198,7 +198,7 @@ def test_fused_data_parallel_step_one_equals_the_single_device_run(fused_runs, t
 # -- the paper's other systems ----------------------------------------------------------
 
 # system -> (what its run adds, the task, the metrics compared, its NTL weight; None: xVal).
-NTL_TAGS = ["loss", "cross_ent_loss", "z_loss", "ntl_loss", "accuracy"]
+NTL_TAGS = ["loss", "cross_ent_loss", "z_loss", "ntl_term", "ntl", "accuracy"]
 SYSTEMS = {
     "ce": (UNFUSED + "\ninclude 't5x_configs/losses/ce.gin'\n", TASK, NTL_TAGS, 0.0),
     "ntl_mse": (UNFUSED + "\ninclude 't5x_configs/losses/ntl_mse.gin'\n", TASK, NTL_TAGS, 0.3),
@@ -235,7 +235,8 @@ def test_each_systems_step_one_on_8_devices_equals_one_device(system_runs):
     if weight is None:
         total = (sharded["cross_ent_loss"][1] + sharded["number_mse"][1]) / 2
     else:
-        total = sharded["cross_ent_loss"][1] + sharded["z_loss"][1] + weight * sharded["ntl_loss"][1]
+        total = sharded["cross_ent_loss"][1] + sharded["z_loss"][1] + sharded["ntl_term"][1]
+        assert (sharded["ntl_term"][1] > 0) == (weight > 0) and sharded["ntl"][1] > 0  # logged at any weight
     assert math.isclose(sharded["loss"][1], total, rel_tol=1e-5)
     single, sharded = (_scalars(run / "training_eval" / task) for run in runs)
     for tag in ("loss", "cross_ent_loss"):

@@ -67,8 +67,9 @@ def test_the_system_trains_its_model_and_loss(run):
             total = (scalars["cross_ent_loss"][step] + scalars["number_mse"][step]) / 2
             assert scalars["number_mse"][step] > 0
         else:
-            total = scalars["cross_ent_loss"][step] + scalars["z_loss"][step] + weight * scalars["ntl_loss"][step]
-            assert scalars["ntl_loss"][step] > 0  # number tokens among the targets, logged at any weight
+            total = scalars["cross_ent_loss"][step] + scalars["z_loss"][step] + scalars["ntl_term"][step]
+            assert scalars["ntl"][step] > 0  # number tokens among the targets, logged at any weight
+            assert (scalars["ntl_term"][step] > 0) == (weight > 0)
         assert math.isfinite(loss) and math.isclose(loss, total, rel_tol=1e-4), (step, loss, total)
 
 

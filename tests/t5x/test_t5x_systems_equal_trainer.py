@@ -79,7 +79,7 @@ def test_the_t5x_rt_model_is_the_trainers_rt(rt_batch, system, weight):
     model = ntl_models.NTLEncoderDecoderModel(
         module=ntl_networks.RtTransformer(t5x_config(model_config)),
         input_vocabulary=vocabularies.rt_vocabulary(), output_vocabulary=vocabularies.rt_vocabulary(),
-        optimizer_def=adafactor.Adafactor(), z_loss=config.z_loss, ntl_weight=weight, ntl_kind="mse",
+        optimizer_def=adafactor.Adafactor(), z_loss=config.z_loss, ntl_weight=weight, number_loss="mse",
         loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", fused_loss=False)
     t5x_batch = {k: jnp.asarray(v) for k, v in batch.items()}
     (t5x_loss, _), t5x_grads = jax.value_and_grad(model.loss_fn, has_aux=True)(to_t5x(params), t5x_batch, None)
@@ -95,7 +95,7 @@ def test_the_t5x_rt_model_is_the_trainers_rt(rt_batch, system, weight):
     plain = ntl_models.NTLEncoderDecoderModel(
         module=t5_network.Transformer(t5x_config(model_config)),
         input_vocabulary=vocabularies.rt_vocabulary(), output_vocabulary=vocabularies.rt_vocabulary(),
-        optimizer_def=adafactor.Adafactor(), z_loss=config.z_loss, ntl_weight=weight, ntl_kind="mse",
+        optimizer_def=adafactor.Adafactor(), z_loss=config.z_loss, ntl_weight=weight, number_loss="mse",
         loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", fused_loss=False)
     assert abs(float(plain.loss_fn(to_t5x(params), t5x_batch, None)[0]) - loss) > 1e-3
 

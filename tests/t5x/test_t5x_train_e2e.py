@@ -99,14 +99,16 @@ def test_loss_is_finite_and_falls_with_ntl_metrics_logged(run_dir):
     assert sorted(loss) == [PERIOD, STEPS]
     assert all(math.isfinite(v) for v in loss.values())
     assert loss[STEPS] < loss[PERIOD]
-    for tag in ("ntl_loss", "ntl_loss_per_number_token", "cross_ent_loss", "number_abs_error", "number_token_mass"):
+    for tag in ("ntl", "ntl_term", "cross_ent_loss", "number_abs_error", "number_token_mass"):
         assert all(math.isfinite(v) for v in scalars[tag].values()), tag
-    # Loss = CE + z-loss + 0.3 * NTL on every evaluation.
+    # Loss = CE + z-loss + the NTL term on every evaluation.
     for step in loss:
-        total = scalars["cross_ent_loss"][step] + scalars["z_loss"][step] + 0.3 * scalars["ntl_loss"][step]
+        total = scalars["cross_ent_loss"][step] + scalars["z_loss"][step] + scalars["ntl_term"][step]
         assert math.isclose(loss[step], total, rel_tol=1e-4)
+        assert scalars["ntl"][step] > 0 and scalars["ntl_term"][step] > 0
     train = _scalars(run_dir / "train")
-    assert all(math.isfinite(v) for v in train["loss"].values()) and train["ntl_loss"]
+    assert all(math.isfinite(v) for v in train["loss"].values()) and train["ntl"] and train["ntl_term"]
+    assert "ntl_loss" not in train and "ntl_loss_per_number_token" not in train
 
 
 def test_inference_eval_metrics_from_the_task(run_dir):

@@ -89,7 +89,17 @@ def test_metric_table_says_n_a_for_undefined_metrics():
 
 @pytest.mark.parametrize("flags, message", [
     (["--steps", "0"], "expected a positive integer, got 0"),
-    (["--loss", "ntl-foo"], "invalid choice: 'ntl-foo'"),
+    (["--loss", "ntl-foo"], "argument --loss: expected a loss name (ce, gce, ntl-<variant>, del, dist2, smmd, "),
+    (["--loss", "ntl-foo"], "or one of regression-head, rt, rt+ntl-mse, xval), got 'ntl-foo'"),
+    (["--loss", "smmd(foo=1)"], "argument --loss: number loss 'smmd' has no parameter 'foo'"),
+    (["--loss", "smmd(sigma=-1)"], "number loss 'smmd': expected sigma finite and > 0, got -1"),
+    (["--ntl-weight", "del=x"], "expected LAMBDA or LOSS=LAMBDA, LAMBDA a finite number >= 0, got 'del=x'"),
+    (["--ntl-weight", "smmd(mode=mmd)"], "LAMBDA a finite number >= 0, got 'smmd(mode=mmd)'"),
+    (["--ntl-weight", "foo=1"], "expected LAMBDA or LOSS=LAMBDA, got 'foo=1': expected a loss name"),
+    (["--del-weight", "0.01"], "--del-weight was removed in ntl-jax 0.3.0: each loss's weight is --ntl-weight "
+                               "[LOSS=]LAMBDA; use --ntl-weight del=0.01"),
+    (["--smmd-weight"], "--smmd-weight was removed in ntl-jax 0.3.0: each loss's weight is --ntl-weight "
+                        "[LOSS=]LAMBDA; use --ntl-weight smmd=LAMBDA"),
     (["--learning-rate", "-1"], "expected a finite number > 0, got -1.0"),
     (["--learning-rate", "inf"], "expected a finite number > 0, got inf"),
     (["--learning-rate", "nan"], "expected a finite number > 0, got nan"),

@@ -35,7 +35,7 @@ def test_help_shows_seeds_protocols_and_tasks(capsys):
         cli.main(["compare", "--help"])
     text = capsys.readouterr().out
     for flag in ("--seeds", "--protocol {scratch,finetune}", "--task {arithmetic,multiplication,diabetes}",
-                 "--jobs", "--finetune-learning-rate", "--ntl-weight LAMBDA [LAMBDA ...]"):
+                 "--jobs", "--finetune-learning-rate", "--ntl-weight [LOSS=]LAMBDA [[LOSS=]LAMBDA ...]"):
         assert flag in text
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
@@ -177,7 +177,7 @@ def test_interrupted_compare_exits_130_and_says_how_to_resume(tmp_path, capsys, 
 
 
 def test_del_dist2_and_smmd_take_their_own_weights_and_are_swept_by_them(tmp_path):
-    args = _args(["--losses", "ntl-was", "del", "dist2", "gce+del", "--del-weight", "0.001", "0.1",
+    args = _args(["--losses", "ntl-was", "del", "dist2", "gce+del", "--ntl-weight", "del=0.001", "del=0.1",
                   "--seeds", "1", "--out", str(tmp_path)])
     runs = cli_compare.plan(args, str(tmp_path))[1]
     assert [(r.label, r.loss, r.ntl_weight) for r in runs] == [
@@ -188,7 +188,8 @@ def test_del_dist2_and_smmd_take_their_own_weights_and_are_swept_by_them(tmp_pat
     train = cli.build_parser(["train"]).parse_args(["train", "--loss", "dist2", "--out", "x"])
     assert cli_train.make_config(train, "dist2", 0).ntl_weight == 0.1
     assert cli_train.make_config(train, "smmd", 0).ntl_weight == 1.0
-    args = _args(["--losses", "smmd", "gce+smmd", "--smmd-weight", "0.3", "1", "--seeds", "1", "--out", str(tmp_path)])
+    args = _args(["--losses", "smmd", "gce+smmd", "--ntl-weight", "smmd=0.3", "smmd=1", "--seeds", "1",
+                  "--out", str(tmp_path)])
     assert [(r.label, r.loss, r.ntl_weight) for r in cli_compare.plan(args, str(tmp_path))[1]] == [
         ("ce", "ce", 0.0), ("smmd λ=0.3", "smmd", 0.3), ("smmd λ=1", "smmd", 1.0),
         ("gce+smmd λ=0.3", "gce+smmd", 0.3), ("gce+smmd λ=1", "gce+smmd", 1.0)]
@@ -239,7 +240,7 @@ def test_validation_split_scores_held_out_training_problems(tmp_path):
 
     out = str(tmp_path / "sweep")
     assert cli.main(["compare", "--task", "multiplication", "--losses", "dist2",
-                     "--dist2-weight", "0.03", "0.3", "--eval-split", "validation", "--steps", "2",
+                     "--ntl-weight", "dist2=0.03", "dist2=0.3", "--eval-split", "validation", "--steps", "2",
                      "--seeds", "1", "--out", out] + MICRO) == 0
     with open(os.path.join(out, "compare.json")) as f:
         result = json.load(f)

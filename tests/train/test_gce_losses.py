@@ -12,19 +12,26 @@ pytest.importorskip("orbax.checkpoint")
 
 from conftest import fake_data, micro_config  # noqa: E402
 
-from ntl_jax import cli  # noqa: E402
+from ntl_jax import cli, losses  # noqa: E402
 from ntl_jax.cli import compare as cli_compare  # noqa: E402
 from ntl_jax.cli import train as cli_train  # noqa: E402
-from ntl_jax.train import network, optim, trainer  # noqa: E402
+from ntl_jax.train import loss_names, network, optim, systems, trainer  # noqa: E402
 from ntl_jax.train import step as step_lib  # noqa: E402
 from ntl_jax.train.checkpoint import CheckpointError  # noqa: E402
 from tests.test_gce_and_cdf import reference  # noqa: E402
 
 
 def test_every_loss_name_is_a_step_loss():
-    assert set(cli_train.LOSSES) == set(step_lib.LOSS_KINDS)
+    # Each name is the one runs record, and names a number loss of ntl_jax.losses.
+    assert [systems.canonical(loss) for loss in cli_train.LOSSES] == list(cli_train.LOSSES)
+    assert {loss_names.number_loss(loss).name for loss in cli_train.LOSSES} == set(losses.NAMES)
     assert {"gce", "ntl-was-cdf", "gce+ntl-was-cdf", "gce+ntl-was"} <= set(cli_train.LOSSES)
-    assert step_lib.LOSS_KINDS["gce+ntl-was-cdf"] == "was_cdf"
+    assert loss_names.number_loss("gce+ntl-was-cdf") is losses.was_cdf()
+    # Its label is GCE's: NTL-WAS-CDF against a Gaussian label of GCE's width.
+    assert step_lib.objective("gce+ntl-was-cdf", 0.3, 2.0) == dict(
+        number_loss=losses.was_cdf(sigma=2.0), ntl_weight=0.3, gce_sigma=2.0)
+    assert step_lib.objective("ntl-was-cdf", 0.3, 2.0) == dict(number_loss=losses.was_cdf(), ntl_weight=0.3,
+                                                               gce_sigma=0.0)
     assert [loss for loss in cli_train.LOSSES if not step_lib.trains_ntl(loss)] == ["ce", "gce"]
 
 
@@ -49,14 +56,21 @@ def test_the_step_trains_on_the_reference_objective(vocabulary, fused_loss, loss
     metrics, logits, batch, nt = _metrics(vocabulary, loss, fused_loss, **options)
     weights = np.asarray(batch["decoder_loss_weights"], np.float64)
     kind = "was" if loss == "gce" else "was_cdf"
-    _, ce, ntl, _ = reference(logits, batch["decoder_target_tokens"], weights, nt, sigma=sigma or 0.0, kind=kind,
-                              factor=weights.sum())
+    targets = np.asarray(batch["decoder_target_tokens"])
+    # ntl: the reference's weighted sum over the loss-normalising factor; ntl_mean: its mean.
+    _, ce, ntl, _, ntl_mean = reference(logits, targets, weights, nt, sigma=sigma or 0.0, kind=kind,
+                                        factor=weights.sum())
+    counted = np.sum(weights * np.isin(targets, np.asarray(nt.ids)))  # the number targets' weights
+    assert counted > 0
+    np.testing.assert_allclose(ntl_mean, ntl * weights.sum() / counted, rtol=1e-12)
     # float32 sums over 8 rows of O(1) terms (the fused head sums in another order).
     np.testing.assert_allclose(float(metrics["cross_entropy"]), ce, rtol=2e-5)
-    np.testing.assert_allclose(float(metrics["ntl"]), ntl, rtol=2e-5)
+    # The logged ntl is the number loss's mean over the number targets; ntl_term what the loss adds.
+    np.testing.assert_allclose(float(metrics["ntl"]), ntl_mean, rtol=2e-5)
     weight = 0.0 if loss == "gce" else 0.3  # gce only logs NTL-WAS, as ce does
+    np.testing.assert_allclose(float(metrics["ntl_term"]), weight * ntl, rtol=2e-5, atol=0)
     np.testing.assert_allclose(float(metrics["loss"]), float(metrics["cross_entropy"] + metrics["z_loss"])
-                               + weight * float(metrics["ntl"]), rtol=1e-6)
+                               + float(metrics["ntl_term"]), rtol=1e-6)
 
 
 def test_gce_sigma_is_part_of_the_identity_of_gce_runs_only(vocabulary, tmp_path):

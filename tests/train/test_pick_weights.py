@@ -31,14 +31,14 @@ def test_the_best_mean_over_seeds_wins_and_ties_go_to_the_smaller_weight(tmp_pat
     runs += [_run("gce", 0.0, s, a, sigma) for sigma, a in ((0.5, 0.6), (2.0, 0.2)) for s in range(3)]
     runs += [_run("gce+ntl-was", w, 0, a, sigma) for w, sigma, a in ((0.1, 2.0, 0.3), (1.0, 0.5, 0.1))]
     assert pick_weights.pick({"runs": runs}, ACC) == {
-        "del": (("del_weight", 0.01),), "dist2": (("dist2_weight", 0.03),),
+        "del": (("ntl_weight", 0.01),), "dist2": (("ntl_weight", 0.03),),
         "ntl-was": (("ntl_weight", 1.0),), "gce": (("gce_sigma", 0.5),),
         "gce+ntl-was": (("ntl_weight", 0.1), ("gce_sigma", 2.0))}
     path = tmp_path / "compare.json"
     path.write_text(json.dumps({"runs": runs}))
     assert pick_weights.main([str(path)]) == 0
-    assert capsys.readouterr().out == ("--del-weight 0.01 --dist2-weight 0.03 --ntl-weight 1 "
-                                       "--gce-sigma 0.5 --ntl-weight 0.1 --gce-sigma 2\n")
+    assert capsys.readouterr().out == ("--ntl-weight del=0.01 --ntl-weight dist2=0.03 --ntl-weight ntl-was=1 "
+                                       "--gce-sigma 0.5 --ntl-weight gce+ntl-was=0.1 --gce-sigma 2\n")
     with pytest.raises(ValueError, match="expected swept runs with the metric 'validation/mape', found none"):
         pick_weights.pick({"runs": runs}, "validation/mape")
 

@@ -189,7 +189,8 @@ def test_trainer_runs_resumes_and_evaluates_the_head(vocabulary, tmp_path):
     with pytest.raises(ValueError, match="expected architecture 'encoder-decoder', got 'decoder-only'"):
         trainer.TrainConfig(loss=rh.LOSS, architecture="decoder-only",
                             data=data_lib.DataConfig(architecture="decoder-only")).validate()
-    with pytest.raises(ValueError, match="loss must be one of .*'regression-head'"):
+    with pytest.raises(ValueError, match=r"loss: expected a loss name .*; or one of regression-head, rt, "
+                                         r"rt\+ntl-mse, xval\), got 'regression'"):
         trainer.TrainConfig(loss="regression").validate()
 
 

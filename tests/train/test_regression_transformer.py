@@ -265,7 +265,8 @@ def test_ntl_mse_on_rt_logits_against_numpy(vocab):
     logits = rng.normal(0.0, 3.0, (2, 4, 1664)).astype(np.float32)  # the network's padded width
     targets = np.array([[vocab.rt_id(7, 3), vocab.rt_id(7, -1), vocab.base.encode("2")[-1], 1],
                         [vocab.rt_id(0, 0), vocab.rt_id(9, 12), 0, 0]])
-    got = np.asarray(ntl_dot(jnp.asarray(logits), jnp.asarray(targets), vocab.number_tokens(), ntl_kind="mse"))
+    got = np.asarray(ntl_dot(jnp.asarray(logits), jnp.asarray(targets), vocab.number_tokens(),
+                              loss_function="mse"))
     expected = np.zeros((2, 4))
     digits = np.arange(550) % 10
     for b, t, y in [(0, 0, 7), (0, 1, 7), (1, 0, 0), (1, 1, 9)]:
@@ -323,8 +324,10 @@ def test_train_rt_and_rt_ntl_mse(vocab, trained):
     assert first["rt"]["train/cross_entropy"] == first["rt+ntl-mse"]["train/cross_entropy"]
     for loss, weight in (("rt", 0.0), ("rt+ntl-mse", 0.3)):
         m = first[loss]
-        assert m["train/loss"] == pytest.approx(m["train/cross_entropy"] + m["train/z_loss"] + weight * m["train/ntl"],
+        assert m["train/loss"] == pytest.approx(m["train/cross_entropy"] + m["train/z_loss"] + m["train/ntl_term"],
                                                 rel=1e-6)
+        assert m["train/ntl_term"] == pytest.approx(weight * m["train/ntl"] * m["train/ntl_weight_sum"]
+                                                    / m["train/loss_normalizing_factor"], rel=1e-6)
         info = json.load(open(os.path.join(dirs[loss], trainer.FINAL_PARAMS_INFO)))
         assert info["vocabulary"] == trainer.vocabulary_fingerprint(vocab)
         config = json.load(open(os.path.join(dirs[loss], "config.json")))
@@ -350,7 +353,10 @@ def test_train_rt_and_rt_ntl_mse(vocab, trained):
     m = first["rt+ntl-mse"]
     assert m["train/ntl_weight_sum"] == is_rt.sum() and m["train/weight_sum"] == (targets > 0).sum()
     # float32 network and fused loss: ~1e-6 relative
-    assert m["train/ntl"] == pytest.approx(np.sum(np.where(is_rt, (yhat - y) ** 2, 0)) / (targets > 0).sum(), rel=1e-4)
+    # the mean over the RT number targets; what it adds to the loss, over every real target
+    assert m["train/ntl"] == pytest.approx(np.sum(np.where(is_rt, (yhat - y) ** 2, 0)) / is_rt.sum(), rel=1e-4)
+    assert m["train/ntl_term"] == pytest.approx(0.3 * np.sum(np.where(is_rt, (yhat - y) ** 2, 0)) / (targets > 0).sum(),
+                                                rel=1e-4)
 
 
 def _greedy_ids(vocab, run_dir, eval_sets_of):

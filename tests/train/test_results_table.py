@@ -64,22 +64,24 @@ EXPECTED = """\
 
 | variant − baseline | metric | mean diff | 95 % CI | better/worse/ties | Wilcoxon p | Holm p | sign p | verdict |
 |---|---|---|---|---|---|---|---|---|
-| ntl-was − ce | interpolate/number_accuracy ↑ | 0.050 | n/a | 1/0/0 | 1.000 | 1.000 | 1.000 | too few seeds to tell |
-| ntl-was − ce | interpolate/log_mae ↓ | -0.100 | [-0.100, -0.100] | 2/0/0 | 0.500 | 1.000 | 0.500 | too few seeds to tell |
+| ntl-was − ce | interpolate/number_accuracy ↑ | 0.0500 | n/a | 1/0/0 | 1.000 | 1.000 | 1.000 | too few seeds to tell |
+| ntl-was − ce | interpolate/log_mae ↓ | -0.100 | [-0.100, -0.100] | 2/0/0 | 0.500 | 1.000 | 0.500 | interval excludes 0; too few seeds to test |
 
 Paired by seed (same initialisation and data order); ↑ / ↓: higher / lower is better; \
 better/worse/ties count seeds; 95 % CI: Student t interval of the mean difference \
 (n − 1 degrees of freedom), for each comparison alone; p: exact two-sided tests; Holm p: \
 the Wilcoxon p adjusted by Holm's step-down method over the 2 comparisons of this table; \
-verdict: better or worse where Holm p < 0.05, "too few seeds to tell" where fewer than 6 \
-seeds differ (the exact tests cannot then reach p < 0.05: their smallest p is 2/2^n ≥ 0.0625).
+verdict: better or worse where Holm p < 0.05; "interval excludes 0" where the interval alone \
+would call it and the verdict does not, with why: Holm's adjustment over the family, a Wilcoxon \
+p ≥ 0.05, or too few seeds; "too few seeds to tell" where fewer than 6 seeds differ (the exact \
+tests cannot then reach p < 0.05: their smallest p is 2/2^n ≥ 0.0625).
 
 Share of seeds above a threshold (for outcomes that land in one of two modes):
 
 | loss | metric | threshold | share of seeds |
 |---|---|---|---|
 | ce | interpolate/number_accuracy | > 0.600 | 0.500 (1/2) |
-| ntl-was | interpolate/number_accuracy | > 0.600 | 1.000 (1/1) |"""
+| ntl-was | interpolate/number_accuracy | > 0.600 | 1.00 (1/1) |"""
 
 
 def test_render_tiny_case():
@@ -95,9 +97,9 @@ def test_render_table_metrics_and_formatting():
         "baseline": "ce", "n": 2, "mean_diff": 0.0312, "ci95": [-0.0004, 0.07], "p": 0.0004,
         "p_sign": 0.03125, "better": 1, "worse": 1, "ties": 0, "higher_is_better": None}
     text = results_table.render(result)
-    assert "| ce | 2 | 1.23e+04 ± 0.00012 |" in text
+    assert "| ce | 2 | 1.23e+04 ± 0.000120 |" in text
     assert "| ntl-was | 2 | n/a |" in text
-    assert ("| ntl-was − ce | x/other | 0.031 | [-0.0004, 0.070] | 1/1/0 | <0.001 | <0.001 | 0.031 "
+    assert ("| ntl-was − ce | x/other | 0.0312 | [-0.000400, 0.0700] | 1/1/0 | <0.001 | <0.001 | 0.031 "
             "| too few seeds to tell |") in text
     assert "over the 1 comparison of this table" in text
     assert "interpolate" not in text
@@ -108,9 +110,10 @@ def test_a_mean_difference_that_cancels_to_a_rounding_trace_reads_as_zero():
     # Accuracies on 500 problems: +0.002, -0.002 and 0 differences, whose float mean is not 0.
     d = np.array([0.018 - 0.016, 0.014 - 0.016, 0.016 - 0.016])
     assert d.mean() != 0 and abs(d.mean()) < 1e-17
-    assert results_table.fmt(d.mean()) == "0.000"
-    assert [results_table.fmt(x) for x in (2e-9, -0.0004, 0.0312, 12345.6)] == [
-        "2e-09", "-0.0004", "0.031", "1.23e+04"]
+    assert results_table.fmt(d.mean()) == "0"
+    # One rule for every number: three significant figures, trailing zeros kept.
+    assert [results_table.fmt(x) for x in (2e-9, -0.0004, 0.0312, 12345.6, 0.000244, 0.004, -8.455, 123.4)] == [
+        "2.00e-09", "-0.000400", "0.0312", "1.23e+04", "0.000244", "0.00400", "-8.46", "123"]
 
 
 def test_wall_time_counts_the_invocations_that_trained_the_reused_runs():
@@ -143,6 +146,14 @@ def _entry(n, p, mean_diff, higher=True, ties=0):
     (_entry(10, 0.002, 0.02, higher=None), 0.012, "higher (Holm p < 0.05)"),
     (_entry(10, 0.002, -0.02, higher=None), 0.012, "lower (Holm p < 0.05)"),
     (_entry(10, 0.01, 0.02), 0.06, "not distinguishable from zero"),  # significant alone only
+    # The verdict and the comparison's own interval tell one story.
+    (_entry(10, 0.01, 0.02) | {"ci95": [0.004, 0.036]}, 0.06, "interval excludes 0; not called after Holm"),
+    (_entry(10, 0.08, 0.02) | {"ci95": [0.004, 0.036]}, 0.4, "interval excludes 0; not called (Wilcoxon p ≥ 0.05)"),
+    (_entry(10, 0.08, 0.02) | {"ci95": [0.004, 0.036]}, None, "interval excludes 0; not called (Wilcoxon p ≥ 0.05)"),
+    (_entry(10, 0.01, 0.02) | {"ci95": [-0.004, 0.036]}, 0.06, "not distinguishable from zero"),
+    (_entry(10, 0.002, 0.02) | {"ci95": [-0.004, 0.036]}, 0.012, "better (Holm p < 0.05); interval includes 0"),
+    (_entry(10, 0.002, 0.02) | {"ci95": [0.004, 0.036]}, 0.012, "better (Holm p < 0.05)"),
+    (_entry(5, 0.0625, -0.02) | {"ci95": [-0.036, -0.004]}, None, "interval excludes 0; too few seeds to test"),
     (_entry(10, 0.05, 0.02), None, "not distinguishable from zero"),
     (_entry(6, 0.03125, 0.02), None, "better (p < 0.05)"),            # 6 pairs can reach 1/32
     (_entry(5, 0.0625, 0.02), None, "too few seeds to tell"),         # 5 cannot: 1/16 at best
@@ -154,6 +165,11 @@ def _entry(n, p, mean_diff, higher=True, ties=0):
 ])
 def test_verdict_from_the_exact_test_and_the_number_of_pairs(entry, p_holm, expected):
     assert results_table.verdict(entry, p_holm) == expected
+
+
+def test_a_verdict_not_called_after_holm_names_the_family():
+    entry = _entry(10, 0.01, 0.02) | {"ci95": [0.004, 0.036]}
+    assert results_table.verdict(entry, 0.06, 28) == "interval excludes 0; not called after Holm over 28"
 
 
 def _holm_by_hand(p):
@@ -194,7 +210,7 @@ def test_render_known_fixture_t_intervals_and_holm():
     assert p["ntl-was", ACC] == p["ntl-mse", LMAE] == pytest.approx(2 / 256)
     assert holm["ntl-was", ACC] == holm["ntl-mse", LMAE] == pytest.approx(4 * 2 / 256)
     verdicts = {("ntl-was", ACC): "better (Holm p < 0.05)",
-                ("ntl-was", LMAE): "not distinguishable from zero",
+                ("ntl-was", LMAE): "interval excludes 0; not called after Holm over 4",  # p 0.039 alone
                 ("ntl-mse", ACC): "not distinguishable from zero",
                 ("ntl-mse", LMAE): "worse (Holm p < 0.05)"}
     for variant, metric in keys:
@@ -211,7 +227,7 @@ def test_render_known_fixture_t_intervals_and_holm():
                f"| {verdicts[variant, metric]} |")
         assert row in text, row
     # by hand: mean 0.01875, sd 0.0077782, sem 0.00275, t(0.975, 7) = 2.3646: 0.01875 -/+ 0.0065
-    assert "| ntl-was − ce | interpolate/number_accuracy ↑ | 0.019 | [0.012, 0.025] |" in text
+    assert "| ntl-was − ce | interpolate/number_accuracy ↑ | 0.0188 | [0.0122, 0.0253] |" in text
     assert "over the 4 comparisons of this table" in text
 
 

@@ -94,8 +94,12 @@ def test_ce_and_ntl_losses_differ_only_in_ntl_term(vocabulary):
     _, m_ce = ce_step(state, batch)
     _, m_was = was_step(state, batch)
     np.testing.assert_allclose(m_ce["cross_entropy"], m_was["cross_entropy"], rtol=1e-6)
-    np.testing.assert_allclose(m_was["loss"] - m_ce["loss"], 0.3 * m_was["ntl"], rtol=1e-5)
-    assert float(m_was["ntl"]) > 0
+    np.testing.assert_allclose(m_was["loss"] - m_ce["loss"], m_was["ntl_term"], rtol=1e-5)
+    # ntl: the mean NTL-WAS over the number targets; ntl_term: 0.3 times its sum over the factor.
+    np.testing.assert_allclose(m_was["ntl_term"], 0.3 * m_was["ntl"] * m_was["ntl_weight_sum"]
+                               / m_was["loss_normalizing_factor"], rtol=1e-6)
+    assert float(m_was["ntl"]) > 0 and float(m_ce["ntl_term"]) == 0
+    np.testing.assert_allclose(m_ce["ntl"], m_was["ntl"], rtol=1e-6)  # CE logs the same NTL-WAS
 
 
 def _train_records(out):
@@ -144,7 +148,7 @@ def test_incompatible_and_corrupt_checkpoints_raise_and_keep_files(vocabulary, t
 
 def test_bad_config_and_unwritable_output(vocabulary, tmp_path):
     data = fake_data(vocabulary)
-    with pytest.raises(ValueError, match="loss must be one of"):
+    with pytest.raises(ValueError, match=r"loss: expected a loss name \(ce, gce, ntl-<variant>, .* got 'xent'"):
         trainer.train(micro_config(data, loss="xent"), str(tmp_path / "a"), data=data)
     with pytest.raises(ValueError, match="multiple of log_every"):
         trainer.train(micro_config(data, checkpoint_every=5), str(tmp_path / "a"), data=data)

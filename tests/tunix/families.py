@@ -16,12 +16,37 @@ from tunix.models.qwen2 import model as qwen2  # noqa: E402
 from tunix.models.qwen3 import model as qwen3  # noqa: E402
 
 import ntl_jax  # noqa: E402
+from ntl_jax import losses  # noqa: E402
 
 # A Qwen-like vocabulary: one token per digit. 61 ids: no power of two.
 PIECES = ["<pad>", "<eos>", "<unk>", *"0123456789 *+-=?.,W"] + [f"w{i}" for i in range(39)]
 NUMBERS = ntl_jax.NumberTokens.from_pieces(PIECES)
 VOCAB = len(PIECES)
 SHAPE = dict(num_layers=2, embed_dim=32, hidden_dim=64, num_heads=4, head_dim=8, num_kv_heads=2)
+
+
+def _squared_distance(columns, target, number_tokens):  # a function of each number token
+    return jnp.square(columns.value - target.value[..., None])
+
+
+# A loss a user writes: E_p[(v - y)^2], the expected squared distance, at number targets.
+SQUARED_DISTANCE = losses.NumberLoss(
+    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
+    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
+
+
+def squared_distance_mean(logits, targets, weights) -> float:
+    """SQUARED_DISTANCE's mean over the counted number targets, written plainly:
+    `sum_j softmax(z)_j (v_j - y)^2` over the number tokens' logits `z`."""
+    logits, targets, weights = (np.asarray(a, np.float64) for a in (logits, targets, weights))
+    z = logits[..., NUMBERS.ids]
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    table = dict(zip(np.asarray(NUMBERS.ids).tolist(), np.asarray(NUMBERS.number_values).tolist()))
+    is_number = np.isin(targets, list(table)) & (weights > 0)
+    y = np.vectorize(lambda t: table.get(int(t), 0.0))(targets)
+    per_position = np.sum(p * np.square(np.asarray(NUMBERS.number_values) - y[..., None]), axis=-1)
+    return float(np.sum(per_position * weights * is_number) / np.sum(weights * is_number))
 
 
 def perturbed(model, seed: int = 0, scale: float = 0.1):

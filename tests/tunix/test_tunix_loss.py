@@ -1,20 +1,32 @@
 """`ntl_jax.tunix`'s loss on Tunix's Qwen, Llama and Gemma models: equal to the library's
 objective on the model's logits, to Tunix's own cross-entropy at `ntl_weight=0`, and,
-fused from the final hidden states, equal to the logits path in loss and gradients."""
+fused from the final hidden states, equal to the logits path in loss and gradients; a
+loss of one's own is its plain formula and trains in the `PeftTrainer`."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.tunix.families import LINEAR_HEADS, NUMBERS, batch, gemma2_model, perturbed, qwen2_model
+from tests.tunix.families import (
+    LINEAR_HEADS,
+    NUMBERS,
+    SQUARED_DISTANCE,
+    batch,
+    gemma2_model,
+    perturbed,
+    qwen2_model,
+    squared_distance_mean,
+)
 
 qwix = pytest.importorskip("qwix")
 
+import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from tunix.sft import peft_trainer  # noqa: E402
 
 import ntl_jax  # noqa: E402
+from ntl_jax import losses  # noqa: E402
 from ntl_jax import tunix as ntl_tunix  # noqa: E402
 
 FAMILIES = sorted(LINEAR_HEADS)
@@ -26,18 +38,29 @@ def _loss_and_grads(model, inputs, **options):
     return loss, parts, grads
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("ntl_kind", ["was", "del", "smmd"])
-def test_the_loss_is_the_objective_on_the_next_token_logits(family, ntl_kind):
-    model, inputs = LINEAR_HEADS[family](), batch()
-    loss, parts = ntl_tunix.number_token_loss_fn(NUMBERS, ntl_weight=0.3, ntl_kind=ntl_kind)(model, **inputs)
+def _logits(model, inputs):
     logits, _ = model(inputs["input_tokens"], inputs["positions"], None, inputs["attention_mask"])
+    return logits
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("number_loss", ["was", "del", "smmd", SQUARED_DISTANCE],
+                         ids=lambda v: v.name if isinstance(v, losses.NumberLoss) else None)
+def test_the_loss_is_the_objective_on_the_next_token_logits(family, number_loss):
+    model, inputs = LINEAR_HEADS[family](), batch()
+    loss, parts = ntl_tunix.number_token_loss_fn(NUMBERS, ntl_weight=0.3, number_loss=number_loss)(model, **inputs)
+    logits = _logits(model, inputs)
     expected, expected_parts = ntl_jax.cross_entropy_and_ntl(
         logits[:, :-1], inputs["input_tokens"][:, 1:], NUMBERS, weights=inputs["input_mask"][:, 1:],
-        ntl_kind=ntl_kind, ntl_weight=0.3, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+        number_loss=number_loss, ntl_weight=0.3, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
     assert float(parts["ntl"]) > 0.01
-    np.testing.assert_allclose(parts["ntl"], expected_parts["ntl"], rtol=1e-6)
+    for name in ("ntl", "ntl_term", "ntl_weight_sum"):
+        np.testing.assert_allclose(parts[name], expected_parts[name], rtol=1e-6, err_msg=name)
+    # `ntl` is the mean over the counted number targets, `ntl_term` its weighted share of the loss.
+    np.testing.assert_allclose(parts["ntl_term"], 0.3 * parts["ntl"] * parts["ntl_weight_sum"] / parts["weight_sum"],
+                               rtol=1e-5)
+    np.testing.assert_allclose(loss, parts["cross_entropy"] + parts["ntl_term"], rtol=1e-6)
     # The mask's targets only: the answer of each row, without the padding.
     assert float(parts["weight_sum"]) == float(jnp.sum(inputs["input_mask"][:, 1:]))
 
@@ -79,7 +102,7 @@ def test_fused_with_lora_adapters_trains_them_as_the_logits_path():
     provider = qwix.LoraProvider(module_path=".*_proj", rank=4, alpha=8.0)  # every projection but the head
     inputs = batch(seed=3)
     lora = perturbed(qwix.apply_lora_to_model(model, provider, **model.get_model_input()), seed=1)
-    options = dict(ntl_weight=0.3, ntl_kind="dist2")
+    options = dict(ntl_weight=0.3, number_loss="dist2")
     lora_grad = nnx.DiffState(0, nnx.LoRAParam)
     results = []
     for fused in (False, True):
@@ -138,3 +161,55 @@ def test_a_model_without_tunix_heads_is_named():
         ntl_tunix.hidden_states_and_kernel(Plain())
     with pytest.raises(TypeError, match=r"expected a Tunix decoder with an lm_head .*got Module"):
         ntl_tunix.hidden_states_and_kernel(nnx.Module())
+
+
+def test_a_loss_of_ones_own_is_its_plain_formula():
+    model, inputs = qwen2_model(tied=False), batch(seed=5)
+    for fused in (False, True):
+        _, parts = ntl_tunix.number_token_loss_fn(NUMBERS, number_loss=SQUARED_DISTANCE, fused=fused)(model, **inputs)
+        expected = squared_distance_mean(_logits(model, inputs)[:, :-1], inputs["input_tokens"][:, 1:],
+                                         inputs["input_mask"][:, 1:])
+        assert expected > 1.0
+        np.testing.assert_allclose(parts["ntl"], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_loss_of_ones_own_trains_in_the_peft_trainer(fused):
+    model, inputs = qwen2_model(tied=True), batch(seed=6)
+    loss_fn = ntl_tunix.number_token_loss_fn(NUMBERS, number_loss=SQUARED_DISTANCE, ntl_weight=0.3, fused=fused)
+    before, parts_before = loss_fn(model, **inputs)
+    steps = 4
+    trainer = peft_trainer.PeftTrainer(model, optax.adam(3e-3), peft_trainer.TrainingConfig(
+        eval_every_n_steps=100, max_steps=steps, pbar_description=None)).with_loss_fn(loss_fn, has_aux=True)
+    trainer.train([inputs] * steps)  # the same batch each step: its loss before each update is logged
+    logged = np.asarray(trainer.metrics_logger.get_metric_history("", "loss", "train"))
+    after, parts_after = loss_fn(model, **inputs)  # the model was trained in place
+    assert len(logged) >= steps - 1 and np.all(np.isfinite(logged)), logged
+    np.testing.assert_allclose(logged[0], before, rtol=1e-5)
+    assert np.all(np.diff(logged) < 0) and float(after) < logged[-1], (logged, float(after))
+    assert float(parts_after["ntl"]) < float(parts_before["ntl"])
+
+
+def test_old_keywords_are_refused_with_the_new_form_named():
+    with pytest.raises(TypeError, match=r"number_token_loss_fn\(\) no longer takes ntl_kind=.*number_loss="):
+        ntl_tunix.number_token_loss_fn(NUMBERS, ntl_kind="was")
+    with pytest.raises(TypeError, match=r"no longer takes squash_factor=.*ntl_jax.losses.was\(squash_factor="):
+        ntl_tunix.number_token_loss_fn(NUMBERS, squash_factor=2.0)
+    with pytest.raises(TypeError, match=r"no longer takes reweigh=.*was\(reweigh=True\)"):
+        ntl_tunix.number_token_loss_fn(NUMBERS, number_loss="was", reweigh=True)
+    with pytest.raises(TypeError, match=r"no longer takes smmd_sigma=.*smmd\(sigma="):
+        ntl_tunix.number_token_loss_fn(NUMBERS, number_loss="smmd", smmd_sigma=1.0)
+
+
+def test_a_bad_number_loss_is_refused_when_the_loss_is_made():
+    with pytest.raises(ValueError, match="nope"):
+        ntl_tunix.number_token_loss_fn(NUMBERS, number_loss="nope")
+    with pytest.raises(TypeError, match="expected_value_loss"):
+        ntl_tunix.number_token_loss_fn(NUMBERS, number_loss=lambda p, y: (p - y) ** 2)
+
+
+def test_no_number_loss_is_cross_entropy_alone():
+    model, inputs = LINEAR_HEADS["llama3"](), batch(seed=1)
+    loss, parts = ntl_tunix.number_token_loss_fn(NUMBERS, number_loss=None)(model, **inputs)
+    np.testing.assert_allclose(loss, peft_trainer._default_loss_fn(model, **inputs), rtol=2e-6)
+    assert float(parts["ntl"]) == float(parts["ntl_term"]) == 0.0

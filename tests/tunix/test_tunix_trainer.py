@@ -65,6 +65,15 @@ def test_training_inputs_put_the_loss_on_the_answer_and_refuse_what_does_not_fit
         list(ntl_tunix.training_inputs([("What is 12 * 3?", "36")], tokenizer, batch_size=1, max_length=10))
 
 
+def _number_fractions(batches, numbers) -> np.ndarray:
+    """Per batch: the share of its counted targets that are number tokens."""
+    fractions = []
+    for batch in batches:
+        targets, mask = batch.input_tokens[:, 1:], batch.input_mask[:, 1:]
+        fractions.append(np.sum(mask & np.isin(targets, numbers.ids)) / np.sum(mask))
+    return np.asarray(fractions)
+
+
 def test_the_trainer_trains_on_ce_plus_ntl_and_logs_its_parts():
     tokenizer = TokenizerAdapter(character_tokenizer())
     numbers = ntl_tunix.number_tokens(tokenizer)
@@ -74,18 +83,40 @@ def test_the_trainer_trains_on_ce_plus_ntl_and_logs_its_parts():
     batches = list(ntl_tunix.training_inputs(pairs, tokenizer, batch_size=8, max_length=40))
     config = peft_trainer.TrainingConfig(eval_every_n_steps=3, max_steps=steps, pbar_description=None)
     trainer = ntl_tunix.NumberTokenLossTrainer(model, optax.adam(3e-3), config, numbers, ntl_weight=0.3,
-                                               ntl_kind="was", fused=True)
+                                               number_loss="was", fused=True)
     trainer = trainer.with_gen_model_input_fn(ntl_tunix.model_input_fn(tokenizer.pad_id()))
     trainer.train(batches, batches[:2])
-    logged = {name: trainer.metrics_logger.get_metric_history("", name, "train")
-              for name in ("loss", "cross_entropy", "ntl")}
-    assert len(logged["loss"]) == len(logged["ntl"]) >= steps - 1
-    np.testing.assert_allclose(logged["loss"], logged["cross_entropy"] + 0.3 * logged["ntl"], rtol=1e-5)
+    names = ("loss", "cross_entropy", "ntl", "ntl_term")
+    logged = {name: np.asarray(trainer.metrics_logger.get_metric_history("", name, "train")) for name in names}
+    assert len(logged["loss"]) == len(logged["ntl"]) == len(logged["ntl_term"]) >= steps - 1
+    np.testing.assert_allclose(logged["loss"], logged["cross_entropy"] + logged["ntl_term"], rtol=1e-5)
+    # `ntl` is the mean over the number targets (the answers' digits, not their eos), so
+    # `ntl_term` = 0.3 * ntl * (the batch's share of number targets).
+    fractions = _number_fractions(batches, numbers)
+    assert np.all((fractions > 0.5) & (fractions < 1.0)), fractions
+    np.testing.assert_allclose(logged["ntl_term"], 0.3 * logged["ntl"] * fractions[:len(logged["ntl"])], rtol=1e-5)
     assert logged["loss"][-1] < logged["loss"][0]  # Adam at 3e-3 on a random model: the loss falls
-    evaluated = {name: trainer.metrics_logger.get_metric_history("", name, "eval")
-                 for name in ("loss", "cross_entropy", "ntl")}
+    evaluated = {name: np.asarray(trainer.metrics_logger.get_metric_history("", name, "eval")) for name in names}
     assert len(evaluated["loss"]) == len(evaluated["ntl"]) >= 2  # each evaluation, every 3 steps
-    np.testing.assert_allclose(evaluated["loss"], evaluated["cross_entropy"] + 0.3 * evaluated["ntl"], rtol=1e-5)
+    np.testing.assert_allclose(evaluated["loss"], evaluated["cross_entropy"] + evaluated["ntl_term"], rtol=1e-5)
+    # Each evaluation averages two batches' parts: the term lies within their shares of the mean.
+    shares = fractions[:2]
+    assert np.all(evaluated["ntl_term"] >= 0.3 * evaluated["ntl"] * shares.min() * (1 - 1e-5))
+    assert np.all(evaluated["ntl_term"] <= 0.3 * evaluated["ntl"] * shares.max() * (1 + 1e-5))
+
+
+def test_the_trainer_refuses_old_keywords_with_the_new_form_named():
+    tokenizer = TokenizerAdapter(character_tokenizer())
+    numbers = ntl_tunix.number_tokens(tokenizer)
+    model = qwen2_model(tied=True, vocab=len(tokenizer.tokenizer))
+    config = peft_trainer.TrainingConfig(eval_every_n_steps=3, max_steps=1, pbar_description=None)
+    with pytest.raises(TypeError, match=r"NumberTokenLossTrainer\(\) no longer takes ntl_kind=.*number_loss="):
+        ntl_tunix.NumberTokenLossTrainer(model, optax.adam(3e-3), config, numbers, ntl_kind="was")
+    with pytest.raises(TypeError, match=r"no longer takes max_number_length=.*number_level\(max_number_length="):
+        ntl_tunix.NumberTokenLossTrainer(model, optax.adam(3e-3), config, numbers, number_loss="number_level",
+                                         max_number_length=5)
+    with pytest.raises(ValueError, match="nope"):
+        ntl_tunix.NumberTokenLossTrainer(model, optax.adam(3e-3), config, numbers, number_loss="nope")
 
 
 def test_on_tunix_mesh_of_8_devices_equal_to_one_device():
