@@ -14,21 +14,12 @@ import optax  # noqa: E402
 import ntl_jax  # noqa: E402
 from ntl_jax import losses  # noqa: E402
 from ntl_jax.flax import _nnx  # noqa: E402
+from tests.objective_options import SQUARED_DISTANCE
 
 PIECES = ["<pad>", "</s>", "What", "is", "*", "?", "+", "=", "."] + list("0123456789") + ["10", "25", "100", "99"]
 PIECES += [f"w{i}" for i in range(37 - len(PIECES))]  # 37: a vocabulary that is no power of two
 NUMBERS = ntl_jax.NumberTokens.from_pieces(PIECES, digit_level=False)
 VOCAB, D_MODEL, BATCH, LENGTH = len(PIECES), 16, 3, 8
-
-
-def _squared_distance(columns, target, number_tokens):  # a function of each number token
-    return jnp.square(columns.value - target.value[..., None])
-
-
-# A loss a user writes: E_p[(v - y)^2], the expected squared distance, at number targets.
-SQUARED_DISTANCE = losses.NumberLoss(
-    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
-    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
 
 
 def _squared_distance_mean(logits, targets, weights) -> float:

@@ -15,6 +15,7 @@ import pytest
 import ntl_jax
 from ntl_jax import NumberTokens, losses
 from ntl_jax._core.number_stats import forced_formulation
+from tests.objective_options import SQUARED_DISTANCE
 
 # Digits at scattered ids, a two-digit piece, a sign, words.
 PIECES = ["<pad>", "</s>", "x", ".", "7", "3", "0", "9", "1", "5", "2", "8", "4", "6", "12", "-1", "y"]
@@ -318,15 +319,6 @@ def test_the_ntloss_doorway_names_ntloss_own_arguments():
 
 # -- a loss a user writes goes everywhere a shipped one goes -------------------------------
 
-
-def _squared_distance(columns, target, number_tokens):  # a function of each number token
-    return jnp.square(columns.value - target.value[..., None])
-
-
-# E_p[(v - y)^2]: the expected squared distance, counted at number targets
-SQUARED_DISTANCE = losses.NumberLoss(
-    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
-    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
 
 VALUES = np.asarray(NT.values, np.float64)
 IDS = np.asarray(NT.ids)

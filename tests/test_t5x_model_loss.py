@@ -18,6 +18,7 @@ import ntl_jax
 from ntl_jax import losses
 from ntl_jax._core.options import Options
 from ntl_jax.t5x import _loss as t5x_loss
+from tests.objective_options import SQUARED_DISTANCE
 
 PIECES = ["<pad>", "</s>", "a", "b", "c"] + list("0123456789") + ["."]
 DIGIT_IDS = np.arange(5, 15)
@@ -755,16 +756,6 @@ def test_smmd_options_reach_the_model_loss():
 
 
 # -- a loss of the user's own ----------------------------------------------------------
-
-
-def _squared_distance(columns, target, number_tokens):  # a function of each number token
-    return jnp.square(columns.value - target.value[..., None])
-
-
-# E_p[(v - y)^2]: the expected squared distance, counted at number targets
-SQUARED_DISTANCE = losses.NumberLoss(
-    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
-    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])

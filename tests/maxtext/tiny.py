@@ -4,11 +4,10 @@ one's own."""
 
 import os
 
-import jax.numpy as jnp
 import maxtext
 import numpy as np
 
-from ntl_jax import losses
+from tests.objective_options import SQUARED_DISTANCE  # noqa: F401  (the MaxText tests take it from here)
 
 ASSETS = os.path.join(os.path.dirname(maxtext.__file__), "assets", "tokenizers")
 CONFIGS = os.path.join(os.path.dirname(maxtext.__file__), "configs")
@@ -51,12 +50,3 @@ def batch(config, numbers, *, seed=0):
             "targets": tokens[:, 1:], "targets_position": positions, "targets_segmentation": segmentation}
 
 
-def _squared_distance(columns, target, number_tokens):  # a function of each number token
-    return jnp.square(columns.value - target.value[..., None])
-
-
-# A loss a user writes (docs/guides/losses.md): E_p[(v - y)^2], the expected squared
-# distance, counted at number targets.
-SQUARED_DISTANCE = losses.NumberLoss(
-    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
-    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))

@@ -19,6 +19,7 @@ from t5x.examples.t5 import network as t5_network  # noqa: E402
 import ntl_jax  # noqa: E402
 from ntl_jax import losses  # noqa: E402
 from ntl_jax.t5x import models as ntl_models  # noqa: E402
+from tests.objective_options import SQUARED_DISTANCE
 
 VOCAB = seqio.ByteVocabulary()  # 259 ids, digits '0'..'9' are 51..60
 MODEL_VOCAB_SIZE = 384  # the network rounds up, as T5X configs do
@@ -374,16 +375,6 @@ def test_auto_fuses_by_the_rule_and_equals_the_unfused_model(architecture, lengt
 
 
 # -- a loss of the user's own ----------------------------------------------------------
-
-
-def _squared_distance(columns, target, number_tokens):  # a function of each number token
-    return jnp.square(columns.value - target.value[..., None])
-
-
-# E_p[(v - y)^2]: the expected squared distance, counted at number targets
-SQUARED_DISTANCE = losses.NumberLoss(
-    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
-    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
 
 
 @pytest.mark.parametrize("fused_loss", [False, True], ids=["logits", "fused"])

@@ -14,7 +14,6 @@ import pytest
 jax = pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-import jax.numpy as jnp  # noqa: E402
 from conftest import fake_data  # noqa: E402
 
 import ntl_jax  # noqa: E402
@@ -23,20 +22,11 @@ from ntl_jax.cli import compare as cli_compare  # noqa: E402
 from ntl_jax.cli import train as cli_train  # noqa: E402
 from ntl_jax.train import network, optim, systems, trainer  # noqa: E402
 from ntl_jax.train import step as step_lib  # noqa: E402
+from tests.objective_options import SQUARED_DISTANCE  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MICRO = ["--preset", "micro", "--train-examples", "16", "--eval-examples", "4", "--batch-size", "8",
          "--log-every", "1", "--checkpoint-every", "2", "--no-progress", "--no-tensorboard"]
-
-
-def _squared_distance(columns, target, number_tokens):  # a function of each number token
-    return jnp.square(columns.value - target.value[..., None])
-
-
-# E_p[(v - y)^2]: the expected squared distance, counted at number targets
-SQUARED_DISTANCE = losses.NumberLoss(
-    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
-    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
 
 
 def _first_step(vocabulary, loss, fused_loss=False, **options):

@@ -16,23 +16,13 @@ from tunix.models.qwen2 import model as qwen2  # noqa: E402
 from tunix.models.qwen3 import model as qwen3  # noqa: E402
 
 import ntl_jax  # noqa: E402
-from ntl_jax import losses  # noqa: E402
+from tests.objective_options import SQUARED_DISTANCE  # noqa: E402, F401  (the tunix tests take it from here)
 
 # A Qwen-like vocabulary: one token per digit. 61 ids: no power of two.
 PIECES = ["<pad>", "<eos>", "<unk>", *"0123456789 *+-=?.,W"] + [f"w{i}" for i in range(39)]
 NUMBERS = ntl_jax.NumberTokens.from_pieces(PIECES)
 VOCAB = len(PIECES)
 SHAPE = dict(num_layers=2, embed_dim=32, hidden_dim=64, num_heads=4, head_dim=8, num_kv_heads=2)
-
-
-def _squared_distance(columns, target, number_tokens):  # a function of each number token
-    return jnp.square(columns.value - target.value[..., None])
-
-
-# A loss a user writes: E_p[(v - y)^2], the expected squared distance, at number targets.
-SQUARED_DISTANCE = losses.NumberLoss(
-    "squared_distance", losses.NumberReads(means=(_squared_distance,)),
-    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
 
 
 def squared_distance_mean(logits, targets, weights) -> float:
