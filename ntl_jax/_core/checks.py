@@ -206,43 +206,16 @@ def check_gce_sigma(gce_sigma) -> float:
 def check_targets(targets: ArrayLike, vocab_size: int, *, ignore_index: int | None = -100) -> None:
     """Raises if a target id is outside `[0, vocab_size)` and is not `ignore_index`.
 
-    Every loss here ignores such targets without an error (T5X's rule), so ids shifted
-    by an offset (a tokenizer that adds special tokens, labels built for another
-    vocabulary) quietly give a smaller loss. Call this on the targets before the loss to
-    have them raise instead; it returns nothing and changes nothing.
-
-    - Concrete targets (outside `jit`): raises `ValueError` naming the first offending
-      values, their indices, how many there are, and `vocab_size`.
-    - Traced targets (inside `jit`): the check is a `jax.experimental.checkify.check`,
-      so the function that calls it must be functionalised with `checkify`, which
-      returns the error as a value next to the output (below). Without `checkify`,
-      tracing it under `jit` fails ("Cannot abstractly evaluate a checkify.check which
-      was not functionalized").
-
-    ```python
-    from jax.experimental import checkify
-
-    def loss_fn(params, batch):
-        logits = model.apply(params, batch["inputs"])
-        ntl_jax.check_targets(batch["targets"], logits.shape[-1])
-        return ntl_jax.cross_entropy_and_ntl(logits, batch["targets"], number_tokens, ...)
-
-    checked = checkify.checkify(jax.jit(loss_fn))  # errors: user checks (the default)
-    err, out = checked(params, batch)
-    err.throw()  # raises (a ValueError) if a target was out of range
-    ```
+    The losses ignore such ids silently (T5X's rule), so ids off by an offset give a
+    smaller loss; call this first to have them raise. Concrete targets raise a
+    `ValueError` naming the ids, their indices and `vocab_size`; traced targets add a
+    `jax.experimental.checkify` check, so wrap the caller in `checkify.checkify` (the
+    getting-started guide shows it).
 
     Args:
-      targets: integer token ids, any shape (`[batch, length]` for the losses).
-      vocab_size: the logits' last axis (the kernel's columns for
-        `fused_cross_entropy_and_ntl`), which may exceed the tokenizer's vocabulary.
-      ignore_index: one id that is allowed outside the vocabulary because it marks an
-        ignored position, as ntloss's and PyTorch's `ignore_index` (default -100); None
-        allows none. Positions to ignore can always be given weight 0 instead.
-
-    Raises:
-      ValueError: concrete targets out of range, or bad arguments.
-      TypeError: targets that are not an integer array.
+      targets: integer token ids, any shape.
+      vocab_size: the logits' last axis (the kernel's columns for the fused head).
+      ignore_index: one id allowed outside the vocabulary (ntloss's -100); None: none.
 
     Examples:
       >>> import jax.numpy as jnp

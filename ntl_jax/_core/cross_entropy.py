@@ -69,26 +69,21 @@ def weighted_cross_entropy(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """T5X's `compute_weighted_cross_entropy`, computed in float32.
 
+    `loss = sum_i w_i (CE_i + z_loss * logsumexp_i^2) / loss_normalizing_factor`, where
+    `CE_i` uses T5X's label smoothing (true class `1 - ls`, the rest share `ls`).
+
     Args:
-      logits: `[batch, length, vocab]` floating.
-      targets: `[batch, length]` integer.
-      weights: optional `[batch, length]`; without it every position counts, pad
-        targets (id 0) included.
-      label_smoothing: T5X's label smoothing (true class `1 - ls`, the rest share `ls`).
-      z_loss: coefficient of the auxiliary `logsumexp(logits)^2` term.
-      loss_normalizing_factor: a number (resolve special factors first with
+      logits: `[batch, length, vocab]`; targets: `[batch, length]` integer.
+      weights: optional `[batch, length]`; without it every position counts, pad id 0 included.
+      loss_normalizing_factor: a number (resolve special factors with
         `loss_normalizing_factor_and_weights`) or None for a plain sum.
       log_normalizer: optional precomputed `logsumexp(logits, -1)`.
 
-    Positions with weight 0, and positions whose target id is outside `[0, vocab)`,
-    are ignored: they add exactly 0 whatever their logits hold and do not count in
-    `weight_sum` (T5X's rule, without an error; `check_targets(targets, vocab)` raises
-    for such ids instead). Options and concrete weights are checked when traced; under `jit`
-    the weights are assumed finite and non-negative.
+    Positions with weight 0 or a target outside `[0, vocab)` add exactly 0 and do not
+    count (`check_targets` raises for such ids instead).
 
     Returns:
-      `(loss, z_loss, weight_sum)`: the weighted, normalised sums; `loss` includes
-      the z-loss term.
+      `(loss, z_loss, weight_sum)`; `loss` includes the z-loss term.
 
     Examples:
       >>> import jax.numpy as jnp

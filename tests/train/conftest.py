@@ -56,6 +56,26 @@ def micro_config(data, **overrides):
     return trainer.TrainConfig(**(base | overrides))
 
 
+def first_step(vocabulary, loss, fused_loss=False, **options):
+    """One step's metrics (on the host) from a fresh micro network, the logits it saw,
+    its batch and its number tokens."""
+    import jax
+
+    from ntl_jax.train import network, optim, trainer
+    from ntl_jax.train import step as step_lib
+
+    data = fake_data(vocabulary, n=8, batch=8)
+    model = network.Transformer(network.make_config("micro", vocabulary.vocab_size))
+    nt = trainer.number_tokens_of(vocabulary)
+    opt = optim.make_optimizer("adamw", learning_rate=1e-2, total_steps=10, warmup_steps=0)
+    batch = data.batch(0)
+    state = step_lib.create_train_state(model, opt, batch, seed=0)
+    step = step_lib.make_train_step(model, opt, nt, loss=loss, fused_loss=fused_loss, **options)
+    args, kwargs = step_lib.model_inputs(batch)
+    logits = model.apply({"params": state.params}, *args, **kwargs, enable_dropout=False)
+    return jax.device_get(step(state, batch)[1]), logits, batch, nt
+
+
 @pytest.fixture
 def vocabulary():
     return CharVocabulary()

@@ -10,12 +10,12 @@ import pytest
 jax = pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-from conftest import fake_data, micro_config  # noqa: E402
+from conftest import fake_data, first_step, micro_config  # noqa: E402
 
 from ntl_jax import cli, losses  # noqa: E402
 from ntl_jax.cli import compare as cli_compare  # noqa: E402
 from ntl_jax.cli import train as cli_train  # noqa: E402
-from ntl_jax.train import loss_names, network, optim, systems, trainer  # noqa: E402
+from ntl_jax.train import loss_names, systems, trainer  # noqa: E402
 from ntl_jax.train import step as step_lib  # noqa: E402
 from ntl_jax.train.checkpoint import CheckpointError  # noqa: E402
 from tests.test_gce_and_cdf import reference  # noqa: E402
@@ -35,25 +35,11 @@ def test_every_loss_name_is_a_step_loss():
     assert [loss for loss in cli_train.LOSSES if not step_lib.trains_ntl(loss)] == ["ce", "gce"]
 
 
-def _metrics(vocabulary, loss, fused_loss, **options):
-    """One step's metrics from a fresh micro network, and the logits it saw."""
-    data = fake_data(vocabulary, n=8, batch=8)
-    model = network.Transformer(network.make_config("micro", vocabulary.vocab_size))
-    nt = trainer.number_tokens_of(vocabulary)
-    opt = optim.make_optimizer("adamw", learning_rate=1e-2, total_steps=10, warmup_steps=0)
-    batch = data.batch(0)
-    state = step_lib.create_train_state(model, opt, batch, seed=0)
-    step = step_lib.make_train_step(model, opt, nt, loss=loss, fused_loss=fused_loss, **options)
-    args, kwargs = step_lib.model_inputs(batch)
-    logits = model.apply({"params": state.params}, *args, **kwargs, enable_dropout=False)
-    return step(state, batch)[1], logits, batch, nt
-
-
 @pytest.mark.parametrize("fused_loss", [False, True], ids=["logits", "fused"])
 @pytest.mark.parametrize("loss,sigma", [("gce", 1.0), ("gce+ntl-was-cdf", 2.0), ("ntl-was-cdf", None)])
 def test_the_step_trains_on_the_reference_objective(vocabulary, fused_loss, loss, sigma):
     options = {} if sigma is None else {"gce_sigma": sigma}
-    metrics, logits, batch, nt = _metrics(vocabulary, loss, fused_loss, **options)
+    metrics, logits, batch, nt = first_step(vocabulary, loss, fused_loss, **options)
     weights = np.asarray(batch["decoder_loss_weights"], np.float64)
     kind = "was" if loss == "gce" else "was_cdf"
     targets = np.asarray(batch["decoder_target_tokens"])

@@ -14,14 +14,14 @@ import pytest
 jax = pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-from conftest import fake_data  # noqa: E402
+from conftest import first_step  # noqa: E402
 
 import ntl_jax  # noqa: E402
 from ntl_jax import cli, losses  # noqa: E402
 from ntl_jax.cli import compare as cli_compare  # noqa: E402
 from ntl_jax.cli import train as cli_train  # noqa: E402
-from ntl_jax.train import network, optim, systems, trainer  # noqa: E402
 from ntl_jax.train import step as step_lib  # noqa: E402
+from ntl_jax.train import systems, trainer  # noqa: E402
 from tests.objective_options import SQUARED_DISTANCE  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -29,23 +29,9 @@ MICRO = ["--preset", "micro", "--train-examples", "16", "--eval-examples", "4", 
          "--log-every", "1", "--checkpoint-every", "2", "--no-progress", "--no-tensorboard"]
 
 
-def _first_step(vocabulary, loss, fused_loss=False, **options):
-    """One step's metrics from a fresh micro network, the logits it saw, its batch and number tokens."""
-    data = fake_data(vocabulary, n=8, batch=8)
-    model = network.Transformer(network.make_config("micro", vocabulary.vocab_size))
-    nt = trainer.number_tokens_of(vocabulary)
-    opt = optim.make_optimizer("adamw", learning_rate=1e-2, total_steps=10, warmup_steps=0)
-    batch = data.batch(0)
-    state = step_lib.create_train_state(model, opt, batch, seed=0)
-    step = step_lib.make_train_step(model, opt, nt, loss=loss, fused_loss=fused_loss, **options)
-    args, kwargs = step_lib.model_inputs(batch)
-    logits = model.apply({"params": state.params}, *args, **kwargs, enable_dropout=False)
-    return jax.device_get(step(state, batch)[1]), logits, batch, nt
-
-
 @pytest.mark.parametrize("fused_loss", [False, True], ids=["logits", "fused"])
 def test_a_spec_reaches_the_step_with_its_parameters(vocabulary, fused_loss):
-    metrics, logits, batch, nt = _first_step(vocabulary, "smmd(mode=mmd)", fused_loss, ntl_weight=1.0)
+    metrics, logits, batch, nt = first_step(vocabulary, "smmd(mode=mmd)", fused_loss, ntl_weight=1.0)
     options = dict(weights=batch["decoder_loss_weights"], ntl_weight=1.0, z_loss=1e-4,
                    loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     targets = batch["decoder_target_tokens"]
@@ -61,7 +47,7 @@ def test_a_spec_reaches_the_step_with_its_parameters(vocabulary, fused_loss):
 
 @pytest.mark.parametrize("fused_loss", [False, True], ids=["logits", "fused"])
 def test_a_loss_a_user_writes_trains_as_a_shipped_one(vocabulary, fused_loss):
-    metrics, logits, batch, nt = _first_step(vocabulary, SQUARED_DISTANCE, fused_loss, ntl_weight=0.3)
+    metrics, logits, batch, nt = first_step(vocabulary, SQUARED_DISTANCE, fused_loss, ntl_weight=0.3)
     # sum_j softmax(z)_j (v_j - y)^2 over the number tokens' logits z, in float64
     z = np.asarray(logits, np.float64)[..., np.asarray(nt.ids)]
     p = np.exp(z - z.max(-1, keepdims=True))
