@@ -688,8 +688,11 @@ def fused_cost(vocab: str, name: str, layout: str = "one chip", per_trip: bool =
     mesh = None if layout == "one chip" else mesh_of()
     sequence_parallel = layout == "sequence-parallel"
     parallel = mesh if layout in PARALLEL_LAYOUTS else None
+    from ntl_jax._core import fused
+
     fn = jax_vg(fused_loss(vocab, FUSED_SETTINGS[name], parallel, sequence_parallel), (0, 1))
-    return measure(fn, fused_args(vocab, mesh, sequence_parallel), per_trip=per_trip)
+    with fused.compiling_for(tpu_devices()[0].device_kind):  # the chunks a v5e gets
+        return measure(fn, fused_args(vocab, mesh, sequence_parallel), per_trip=per_trip)
 
 
 def fused_rows(vocab="t5", settings=None, hbm_only=None, log=None) -> list[dict]:

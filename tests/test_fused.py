@@ -185,6 +185,27 @@ def test_default_chunk_size():
     assert default_chunk_size(16384, 32128) == 512
     assert default_chunk_size(10**7, 32128) == 128
     assert default_chunk_size(8, 300) == 300
+    # Off a TPU d_model changes nothing.
+    assert default_chunk_size(8192, 128256, 4096) == 1024
+
+
+@pytest.mark.parametrize("chip, llama3, qwen3, gemma", [
+    # A v5e keeps the hidden states' float32 gradient and a chunk's logits on chip up to
+    # 112 MiB: Qwen3's (32 + 32 MiB) and Gemma's (72 + 32 MiB), not Llama-3's (128 MiB alone).
+    ("TPU v5 lite", 16384, 1024, 1024),
+    # Elsewhere 8 x d_model columns, at most 512 MiB of float32 logits (16,384 columns here).
+    ("TPU v5", 16384, 8192, 16384),
+    ("cpu", 1024, 1024, 1024),
+])
+def test_default_chunk_size_on_each_chip(chip, llama3, qwen3, gemma):
+    from ntl_jax._core import fused
+
+    with fused.compiling_for(chip):
+        assert [default_chunk_size(8192, vocab, d) for vocab, d in ((128256, 4096), (151936, 1024), (256000, 2304))] \
+            == [llama3, qwen3, gemma]
+    assert default_chunk_size(8192, 128256, 4096) == 1024  # the block ended
+    with fused.compiling_for("TPU v5"):
+        assert default_chunk_size(64, 3000, 4096) == 3000  # never past the vocabulary
 
 
 def _compiled_value_and_grad(f, *shapes):

@@ -4,8 +4,8 @@ the `[batch, length, vocab]` logits.
 Every term of the objective needs only a few numbers per position (`HeadStats`): the
 log-normaliser, the target's logit, the sum of the logits (label smoothing), the number
 tokens' logits, and, for the number mass, the log-normaliser over the non-number tokens. The
-number tokens' logits and the target's logit are small products computed directly;
-the log-normaliser over the rest of the vocabulary is streamed over vocabulary chunks
+number tokens' logits are a small product with their columns; the log-normaliser over
+the rest of the vocabulary and the target's logit are streamed over vocabulary chunks
 of `[batch * length, chunk]`, and its custom gradient recomputes each chunk's logits in
 the backward pass, writing each chunk of the kernel's gradient once (chunking over the
 vocabulary rather than the tokens needs no float32 accumulator the size of the kernel).
@@ -21,6 +21,7 @@ kernel's gradient, so the kernel is never gathered.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -34,12 +35,49 @@ from ntl_jax._core.targets import NumberTarget
 
 # Default chunk: about this many float32 logits held at a time (32 MiB).
 _CHUNK_ELEMENTS = 1 << 23
+# On a TPU, the backward pass reads and writes the float32 gradient of the hidden states
+# once per chunk. Where the compiler keeps it and a chunk's logits on chip, the default
+# chunk costs no such traffic; elsewhere fewer, wider chunks (8 x d_model columns, at
+# most this many float32 logits: 512 MiB) cut it. The on-chip room, by device kind, is
+# what benchmarks/fused_anchors.py found the compiler to use (docs/performance.md).
+_WIDE_CHUNK_ELEMENTS = 1 << 27
+_ON_CHIP_BYTES = {"TPU v5 lite": 112 << 20}
+_compiling_for: list[str] = []
 
 
-def default_chunk_size(num_tokens: int, vocab: int) -> int:
-    """Vocabulary columns per chunk: `_CHUNK_ELEMENTS / num_tokens`, a multiple of 128."""
+def default_chunk_size(num_tokens: int, vocab: int, d_model: int | None = None) -> int:
+    """Vocabulary columns per chunk, a multiple of 128: `_CHUNK_ELEMENTS / num_tokens`;
+    on a TPU wider where the hidden states' float32 gradient and a chunk's logits do not
+    fit on chip (`_ON_CHIP_BYTES`)."""
     chunk = (_CHUNK_ELEMENTS // max(num_tokens, 1)) // 128 * 128
+    chip = _device_kind()
+    if d_model is not None and chip is not None and chip.startswith("TPU"):
+        on_chip = 4 * num_tokens * (d_model + chunk)
+        if on_chip > _ON_CHIP_BYTES.get(chip, 0):
+            widest = (_WIDE_CHUNK_ELEMENTS // max(num_tokens, 1)) // 128 * 128
+            chunk = max(chunk, min(8 * d_model // 128 * 128, widest))
     return int(min(max(chunk, 128), vocab))
+
+
+def _device_kind() -> str | None:
+    """The device kind programs are traced for: the default backend's first device's,
+    or the one `compiling_for` names (ahead of time from another machine)."""
+    if _compiling_for:
+        return _compiling_for[-1]
+    device = jax.devices()[0]
+    return device.device_kind if device.platform == "tpu" else None
+
+
+@contextlib.contextmanager
+def compiling_for(device_kind: str):
+    """Inside the block, the fused head picks its chunks for `device_kind` (a
+    `jax.Device.device_kind`, e.g. "TPU v5 lite"): how the ahead-of-time benchmarks and
+    tests compile for a TPU from a CPU machine. Read when a function is traced."""
+    _compiling_for.append(device_kind)
+    try:
+        yield
+    finally:
+        _compiling_for.pop()
 
 
 def _dot(a, b, contract):
@@ -63,19 +101,46 @@ def _chunk_start(i, width: int, chunk: int):
     return start, start + jnp.arange(chunk) >= i * chunk
 
 
-def _chunk_forward(h, kernel_chunk, in_rest, start, acc, with_top):
-    """Folds one chunk into `(rest_lse, top_logit, top_id)`: the logsumexp over the
-    columns `in_rest` (the non-number tokens not yet counted) and (with `with_top`)
-    the largest logit and its first id."""
-    rest_lse, top_logit, top_id = acc
+def _chunk_forward(h, kernel_chunk, targets, fresh, in_rest, start, acc, with_top):
+    """Folds one chunk into `(rest_lse, target_logit, top_logit, top_id)`: the logsumexp
+    over the columns `in_rest` (the non-number tokens not yet counted), the logit of
+    each token's target column (`start` is the chunk's first id; `fresh` its columns
+    no earlier chunk covered) and (with `with_top`) the largest logit and its first id."""
+    rest_lse, target_logit, top_logit, top_id = acc
     logits = _dot(h, kernel_chunk, ((1,), (0,)))
     rest_lse = jnp.logaddexp(rest_lse, jax.nn.logsumexp(jnp.where(in_rest[None, :], logits, -jnp.inf), axis=-1))
+    # Picked here rather than gathered from the kernel: a gather of the kernel's
+    # columns makes XLA's TPU compiler transpose the whole kernel first.
+    is_target = fresh[None, :] & (start + jnp.arange(kernel_chunk.shape[1])[None, :] == targets[:, None])
+    target_logit += jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)
     if with_top:  # a column seen twice changes neither the maximum nor its first id
         chunk_top = jnp.max(logits, axis=-1)
         better = chunk_top > top_logit  # ties keep the earlier id, as argmax does
         top_id = jnp.where(better, start + jnp.argmax(logits, axis=-1).astype(jnp.int32), top_id)
         top_logit = jnp.where(better, chunk_top, top_logit)
-    return rest_lse, top_logit, top_id
+    return rest_lse, target_logit, top_logit, top_id
+
+
+def _columns(kernel, ids):
+    """`kernel[:, ids]` as `[len(ids), D]`; on a TPU one column at a time."""
+    return jax.lax.platform_dependent(kernel, ids, tpu=columns_one_by_one,
+                                      default=lambda kernel, ids: jnp.take(kernel, ids, axis=1).T)
+
+
+def columns_one_by_one(kernel, ids):
+    """`kernel[:, ids]` as `[len(ids), D]`, a column per loop trip, each picked from the
+    128 columns around it: on a TPU a gather of columns, or a slice one column wide,
+    makes the compiler transpose the whole kernel first."""
+    width = kernel.shape[1]
+    lanes = min(128, width)
+
+    def body(k, rows):
+        start = jnp.clip(ids[k] // lanes * lanes, 0, width - lanes)
+        block = jax.lax.dynamic_slice_in_dim(kernel, start, lanes, axis=1)
+        column = jnp.sum(jnp.where(start + jnp.arange(lanes) == ids[k], block, jnp.zeros((), kernel.dtype)), axis=1)
+        return jax.lax.dynamic_update_slice_in_dim(rows, column[None, :], k, axis=0)
+
+    return jax.lax.fori_loop(0, ids.shape[0], body, jnp.zeros((ids.shape[0], kernel.shape[0]), kernel.dtype))
 
 
 def _local_columns(ids, offset, width):
@@ -86,40 +151,44 @@ def _local_columns(ids, offset, width):
 
 
 def _shard_numbers(ids, width, axis):
-    """`(offset, local_ids, owned_ids, is_number)` of this shard (all of the vocabulary
-    when `axis` is None): its first vocabulary id, the number tokens as its columns
-    (see `_local_columns`) and which it owns, and its `[width]` number-token mask."""
+    """`(offset, local_ids, owned_ids)` of this shard (all of the vocabulary when `axis`
+    is None): its first vocabulary id, and the number tokens as its columns (see
+    `_local_columns`) and which it owns."""
     offset = 0 if axis is None else jax.lax.axis_index(axis) * width
     local_ids, owned_ids = _local_columns(ids, offset, width)
-    is_number = jnp.zeros(width, bool).at[local_ids].set(True, mode="drop")
-    return offset, local_ids, owned_ids, is_number
+    return offset, local_ids, owned_ids
+
+
+def _number_index(columns, local_ids):
+    """`[len(columns)]`: each column's index among `local_ids`, -1 where it is no number
+    token's. Searched in the sorted ids: a scatter of the indices into a `[width]` table
+    crashes libtpu's compiler (0.0.52) when a number token has id 0."""
+    order = jnp.argsort(local_ids)
+    sorted_ids = local_ids[order]
+    at = jnp.minimum(jnp.searchsorted(sorted_ids, columns), local_ids.shape[0] - 1)
+    return jnp.where(sorted_ids[at] == columns, order[at], -1).astype(jnp.int32)
 
 
 def _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, axis):
     """The statistics of `h @ kernel` on one vocabulary shard (all of it when `axis` is
     None), combined over the shards of mesh axis `axis`: see `_vocab_stats_fwd`."""
     num, width = h.shape[0], kernel.shape[1]
-    offset, local_ids, owned_ids, is_number = _shard_numbers(ids, width, axis)
+    offset, local_ids, owned_ids = _shard_numbers(ids, width, axis)
 
     def body(i, acc):
         start, fresh = _chunk_start(i, width, chunk)
         kernel_chunk = _kernel_chunk(kernel, start, chunk)
-        in_rest = fresh & ~jax.lax.dynamic_slice_in_dim(is_number, start, chunk)
-        return _chunk_forward(h, kernel_chunk, in_rest, offset + start, acc, with_top)
+        in_rest = fresh & (_number_index(start + jnp.arange(chunk), local_ids) < 0)
+        return _chunk_forward(h, kernel_chunk, targets, fresh, in_rest, offset + start, acc, with_top)
 
-    acc = (jnp.full((num,), -jnp.inf, jnp.float32), jnp.full((num,), -jnp.inf, jnp.float32),
-           jnp.zeros((num,), jnp.int32))
-    acc = jax.lax.fori_loop(0, -(-width // chunk), body, acc)
-    rest_lse, top_logit, top_id = acc
-    # The target's column, from the shard that owns it (zero elsewhere, summed below).
-    local_targets, owned_targets = _local_columns(targets, offset, width)
-    target_columns = jnp.take(kernel, jnp.minimum(local_targets, width - 1), axis=1)  # [D, N]
-    target_logit = jnp.einsum("nd,dn->n", h, target_columns, preferred_element_type=jnp.float32)
-    target_logit = jnp.where(owned_targets, target_logit, 0.0)
+    # The target's logit is summed from the shard that owns it (zero elsewhere, summed below).
+    acc = (jnp.full((num,), -jnp.inf, jnp.float32), jnp.zeros((num,), jnp.float32),
+           jnp.full((num,), -jnp.inf, jnp.float32), jnp.zeros((num,), jnp.int32))
+    rest_lse, target_logit, top_logit, top_id = jax.lax.fori_loop(0, -(-width // chunk), body, acc)
     column_sum = jnp.sum(kernel, axis=1, dtype=jnp.float32) if with_sum else None
-    # The number tokens' columns, D x n: small enough to assemble on every shard.
-    number_columns = jnp.take(kernel, jnp.minimum(local_ids, width - 1), axis=1)
-    number_columns = jnp.where(owned_ids[None, :], number_columns, jnp.zeros((), kernel.dtype))
+    # The number tokens' columns, n x D: small enough to assemble on every shard.
+    number_columns = _columns(kernel, jnp.minimum(local_ids, width - 1))
+    number_columns = jnp.where(owned_ids[:, None], number_columns, jnp.zeros((), kernel.dtype))
     if axis is not None:
         rest_lse = _logsumexp_over(rest_lse, axis)
         target_logit = jax.lax.psum(target_logit, axis)
@@ -134,7 +203,7 @@ def _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, axis):
         logit_sum = _dot(h.astype(jnp.float32), column_sum, ((1,), (0,)))
     else:
         logit_sum = jnp.zeros((num,), jnp.float32)
-    number_logits = _dot(h, number_columns, ((1,), (0,)))
+    number_logits = _dot(h, number_columns, ((1,), (1,)))
     return rest_lse, target_logit, logit_sum, number_logits, top_id
 
 
@@ -159,7 +228,7 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     g_rest, g_target, g_sum, g_numbers = cotangents
     width = kernel.shape[1]
     grad_dtype = jnp.result_type(h, kernel)
-    offset, local_ids, owned_ids, _ = _shard_numbers(ids, width, axis)
+    offset, local_ids, owned_ids = _shard_numbers(ids, width, axis)
     # A -inf rest_lse (no token outside the numbers) has zero probability everywhere.
     shift = jnp.where(jnp.isfinite(rest_lse), rest_lse, 0.0)[:, None]
 
@@ -168,14 +237,11 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     if with_sum:
         d_numbers += g_sum[:, None]
     d_numbers = jnp.where(owned_ids[None, :], d_numbers, 0.0).astype(grad_dtype)
-    number_columns = jnp.take(kernel, jnp.minimum(local_ids, width - 1), axis=1)
-    d_h_numbers = _dot(d_numbers, number_columns, ((1,), (1,)))
+    d_h_numbers = _dot(d_numbers, _columns(kernel, jnp.minimum(local_ids, width - 1)), ((1,), (0,)))
     d_number_columns = _dot(h, d_numbers, ((0,), (0,)))
     if batch_axes:
         d_number_columns = jax.lax.psum(d_number_columns, batch_axes)
     d_number_columns = d_number_columns.astype(kernel.dtype)
-    # Column -> its index among the number tokens (-1: no number; other shards' ids drop).
-    number_index = jnp.full(width, -1, jnp.int32).at[local_ids].set(jnp.arange(ids.shape[0]), mode="drop")
 
     def chunk_grads(start, fresh, kernel_chunk, index_chunk):
         """`(d hidden, d kernel_chunk)` of this chunk's logits' share of the statistics."""
@@ -202,7 +268,7 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
         d_h, d_kernel = carry
         start, fresh = _chunk_start(i, width, chunk)
         kernel_chunk = _kernel_chunk(kernel, start, chunk)
-        index_chunk = jax.lax.dynamic_slice_in_dim(number_index, start, chunk)
+        index_chunk = _number_index(start + jnp.arange(chunk), local_ids)
         d_h_chunk, d_kernel_chunk = chunk_grads(start, fresh, kernel_chunk, index_chunk)
         return d_h + d_h_chunk, jax.lax.dynamic_update_slice_in_dim(d_kernel, d_kernel_chunk, start, axis=1)
 
@@ -299,7 +365,7 @@ def head_stats_from_hidden(hidden, kernel, target: NumberTarget, number_tokens: 
     vocab_shards_count = 1 if shards is None else dict(shards.mesh.shape)[shards.vocab_axis]
     width = vocab // vocab_shards_count
     if chunk_size is None:
-        chunk_size = default_chunk_size(batch * length, vocab)
+        chunk_size = default_chunk_size(batch * length, vocab, hidden.shape[-1])
         if shards is not None:
             # As many chunks as one device would stream, each over this device's share
             # of the columns (and of the tokens): per-device memory shrinks with the mesh.

@@ -1,0 +1,101 @@
+"""The fused head on the TPU compiler, compiled ahead of time for one v5e chip with libtpu
+(skipped without it):
+
+- it holds no copy of the kernel: a gather of the kernel's columns (the target's, the
+  number tokens') makes the compiler lay out a transposed copy of the whole kernel
+  (libtpu 0.0.50 and later), so the head picks the target's logit inside its chunk loop
+  and the number columns one by one;
+- it compiles with a number token at id 0: a scatter of the number tokens' indices into
+  a vocabulary-wide table aborted libtpu 0.0.52's compiler there.
+
+`.ci/maxtext`'s environment has such a libtpu; the test environment's older one made
+neither the copy nor the abort, so there these tests hold either way.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+pytest.importorskip("optax")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from tests.test_tpu_cost import BENCHMARKS  # noqa: E402
+
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+import tpu_cost  # noqa: E402
+import vocabularies  # noqa: E402
+
+import ntl_jax  # noqa: E402
+from ntl_jax._core import fused  # noqa: E402
+
+TOKENS, D, V = 1024, 2048, 65536  # a 256 MiB bf16 kernel; a default chunk of 8,192 columns
+
+
+@pytest.fixture(scope="module")
+def chip():
+    try:
+        return tpu_cost.tpu_devices()[0]  # one chip of v5e:2x2
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("table", ["digits", "llama3"])
+def test_the_fused_head_holds_no_copy_of_the_kernel(chip, table):
+    nt = vocabularies.llama3_number_tokens(V) if table == "llama3" else tpu_cost.number_tokens("t5")
+
+    def loss(hidden, kernel, targets):
+        return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, ntl_weight=0.3,
+                                                   label_smoothing=0.1)[0]
+
+    sharding = jax.sharding.SingleDeviceSharding(chip)
+    args = (jax.ShapeDtypeStruct((1, TOKENS, D), jnp.bfloat16, sharding=sharding),
+            jax.ShapeDtypeStruct((D, V), jnp.bfloat16, sharding=sharding),
+            jax.ShapeDtypeStruct((1, TOKENS), jnp.int32, sharding=sharding))
+    with fused.compiling_for(chip.device_kind):
+        compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*args).compile()
+    kernel_bytes = D * V * 2
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    # The chunk's float32 logits and their gradient: 48 MiB of it.
+    assert temp < kernel_bytes / 4, (temp, kernel_bytes)
+
+
+@pytest.mark.parametrize("first", [0, 7])
+def test_the_fused_head_compiles_with_a_number_token_at_id_0(chip, first):
+    pieces = ["x"] * 4096
+    pieces[first:first + 10] = [str(i) for i in range(10)]
+    nt = ntl_jax.NumberTokens.from_pieces(pieces)
+
+    def loss(hidden, kernel, targets):
+        return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, ntl_weight=0.3)[0]
+
+    sharding = jax.sharding.SingleDeviceSharding(chip)
+    args = (jax.ShapeDtypeStruct((1, 256, 128), jnp.bfloat16, sharding=sharding),
+            jax.ShapeDtypeStruct((128, 4096), jnp.bfloat16, sharding=sharding),
+            jax.ShapeDtypeStruct((1, 256), jnp.int32, sharding=sharding))
+    # An abort of the compiler ends this process: the test fails with it.
+    with fused.compiling_for(chip.device_kind):
+        compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*args).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes > 0
+
+
+def test_the_number_index_of_each_column():
+    local_ids = jnp.array([9, 0, 4096, 5, 4096, 3], jnp.int32)  # 4096: another shard's, one past the end
+    columns = jnp.arange(12, dtype=jnp.int32)
+    expected = [1, -1, -1, 5, -1, 3, -1, -1, -1, 0, -1, -1]
+    assert fused._number_index(columns, local_ids).tolist() == expected
+    assert jax.jit(fused._number_index)(columns + 4090, local_ids).tolist() == [-1] * 6 + [2] + [-1] * 5
+
+
+def test_the_columns_one_by_one_are_the_columns():
+    kernel = jax.random.normal(jax.random.key(0), (6, 40), jnp.bfloat16)
+    ids = jnp.array([39, 0, 7, 7, 12], jnp.int32)
+    rows = jax.jit(fused.columns_one_by_one)(kernel, ids)
+    assert rows.dtype == kernel.dtype
+    assert jnp.array_equal(rows, kernel[:, ids].T)
+    assert jnp.array_equal(fused._columns(kernel, ids), kernel[:, ids].T)
