@@ -7,6 +7,9 @@ import os
 
 from tests import xla_flags
 
+# Keras reads its backend once, when it is first imported, by whichever test file does.
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
 xla_flags.use_fast_compile()  # before JAX starts its CPU backend
 xla_flags.share_compiled_programs()  # before JAX reads its configuration
 

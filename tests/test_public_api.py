@@ -10,6 +10,7 @@ both (`ntl_jax.losses`: the module's page, and each of its names).
 import importlib
 import importlib.util
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -41,6 +42,9 @@ def _import(module):
         pytest.importorskip("t5x.models", reason="t5x is not installed (it is not on PyPI; see the README)")
     if module.startswith("ntl_jax.tunix"):
         pytest.importorskip("tunix", reason="Tunix is not installed (the tunix extra)")
+    if module.startswith("ntl_jax.keras"):
+        os.environ.setdefault("KERAS_BACKEND", "jax")  # read when Keras is first imported
+        pytest.importorskip("keras_hub", reason="KerasHub is not installed (the keras extra)")
     return importlib.import_module(module)
 
 
@@ -50,7 +54,8 @@ def _documented_submodules(package):
 
 
 def test_the_reference_documents_the_core_and_each_integration():
-    assert set(NAMES) == {"ntl_jax", "ntl_jax.losses", "ntl_jax.flax", "ntl_jax.seqio", "ntl_jax.tunix"}
+    assert set(NAMES) == {"ntl_jax", "ntl_jax.losses", "ntl_jax.flax", "ntl_jax.seqio", "ntl_jax.tunix",
+                          "ntl_jax.keras"}
     assert set(MODULES) == {"ntl_jax.losses", "ntl_jax.t5x.models", "ntl_jax.t5x.xval", "ntl_jax.t5x.networks",
                             "ntl_jax.seqio.xval", "ntl_jax.seqio.tasks", "ntl_jax.data", "ntl_jax.data.metrics"}
 

@@ -1,0 +1,145 @@
+"""`NumberTokenLoss`: CE + `ntl_weight` x NTL as a `keras.losses.Loss`, for
+`causal_lm.compile(loss=...)`.
+
+Keras calls a loss as `loss(y_true, y_pred, sample_weight)`: for a KerasHub `CausalLM`,
+`y_true` the next-token ids `[batch, length]`, `y_pred` the logits `[batch, length,
+vocab]`, `sample_weight` the preprocessor's padding mask. The loss is one call of
+`ntl_jax.cross_entropy_and_ntl` with the mask as its weights and Keras's reduction as its
+loss-normalising factor:
+
+| `reduction` | `loss_normalizing_factor` | divides the weighted sum by |
+|---|---|---|
+| `"sum_over_batch_size"` (Keras's default), `"mean"` | `batch * length` | every position, padding included |
+| `"mean_with_sample_weight"` | `"NUM_REAL_TARGET_TOKENS"` | the sum of the weights |
+| `"sum"` | None | 1 |
+
+So with `ntl_weight=0` it is Keras's `SparseCategoricalCrossentropy(from_logits=True)`
+under the same reduction, and NTL's sum over the number targets goes through the same
+divisor (the objective's rule). `reduction=None`/`"none"` is refused: the number-level
+losses read whole numbers across positions, so the loss has no per-token form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+from ntl_jax._core import variants
+from ntl_jax._core.checks import check_real
+from ntl_jax._core.objective import cross_entropy_and_ntl
+from ntl_jax._core.variants import NumberLoss
+from ntl_jax.keras import labels
+from ntl_jax.keras.backend import require_jax_backend
+from ntl_jax.keras.tokens import number_tokens_config, resolve_number_tokens
+
+REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight", "sum")
+
+
+def loss_normalizing_factor(reduction: str, targets_shape, sample_weight) -> Any:
+    """The objective's `loss_normalizing_factor` that divides as Keras's `reduction`."""
+    if reduction == "sum":
+        return None
+    if reduction == "mean_with_sample_weight" and sample_weight is not None:
+        return "NUM_REAL_TARGET_TOKENS"
+    return float(np.prod(targets_shape))
+
+
+def number_loss_spec(number_loss: NumberLoss | None) -> str | None:
+    """The spec a config stores for `number_loss` (None: none); a loss of your own, which
+    `ntl_jax.losses.parse` cannot read back, is refused with the way out."""
+    if number_loss is None:
+        return None
+    if number_loss.name not in variants.LOSSES:
+        raise ValueError(
+            f"expected a shipped number loss (one of {variants.NAMES}) to store by its spec, got your own "
+            f"{number_loss.name!r}; save the weights (model.save_weights) or subclass NumberTokenLoss with a "
+            "get_config/from_config that rebuilds it"
+        )
+    return number_loss.spec
+
+
+@keras.saving.register_keras_serializable(package="ntl_jax")
+class NumberTokenLoss(keras.losses.Loss):
+    """Cross-entropy + `ntl_weight` x a number loss on a language model's logits.
+
+    Args:
+      number_tokens: the vocabulary's `ntl_jax.NumberTokens`, or a KerasHub tokenizer
+        (`causal_lm.preprocessor.tokenizer`) to read them from
+        (`ntl_jax.keras.number_tokens`).
+      number_loss: a `ntl_jax.losses` value (yours too), a spec string (`"was"`,
+        `"smmd(sigma=2, mode=smooth)"`), or None for cross-entropy alone.
+      ntl_weight: lambda; 0 leaves Keras's sparse categorical cross-entropy.
+      label_smoothing, z_loss, gce_sigma: the objective's (T5X's label smoothing and
+        z-loss, the Gaussian label's width); 0 by default.
+      ignore_class: a label id that counts for nothing (Keras's `ignore_class`), or None.
+      reduction: `"sum_over_batch_size"` (Keras's default), `"mean"`,
+        `"mean_with_sample_weight"` or `"sum"` (the module's table).
+      name, dtype: as every Keras loss; the loss is computed in float32 whatever the
+        logits' dtype, and returned in float32.
+
+    A label outside `[0, vocab)` raises (see `ntl_jax.keras.labels`): concrete labels at
+    once, traced ones (inside `fit`'s jitted step) when the step runs.
+    """
+
+    def __init__(self, number_tokens: Any, *, number_loss: NumberLoss | str | None = "was", ntl_weight: float = 0.3,
+                 label_smoothing: float = 0.0, z_loss: float = 0.0, gce_sigma: float = 0.0,
+                 ignore_class: int | None = None, reduction: str = "sum_over_batch_size",
+                 name: str = "number_token_loss", dtype=None):
+        require_jax_backend("ntl_jax.keras.NumberTokenLoss")
+        if reduction not in REDUCTIONS:
+            raise ValueError(
+                f"expected reduction in {REDUCTIONS}, got {reduction!r}; the loss has no per-token form (the "
+                "number-level losses read whole numbers): for per-position values use "
+                "ntl_jax.number_token_loss(..., reduction='none')"
+            )
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        self.number_tokens = resolve_number_tokens(number_tokens)
+        self.number_loss = variants.resolve(number_loss)  # a bad spec fails here, not in fit
+        check_real("ntl_weight", ntl_weight, low=0.0)
+        if ignore_class is not None and (isinstance(ignore_class, bool) or not isinstance(ignore_class, int)):
+            raise TypeError(f"expected ignore_class an int or None, got {ignore_class!r}")
+        self.ntl_weight = float(ntl_weight)
+        self.label_smoothing = float(label_smoothing)
+        self.z_loss = float(z_loss)
+        self.gce_sigma = float(gce_sigma)
+        self.ignore_class = ignore_class
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        # Keras's Loss.__call__ would cast the token ids and the (bf16) logits to float32
+        # first, a full copy of the logits: the objective reads them as they are.
+        loss, _ = self.loss_and_parts(y_true, y_pred, sample_weight)
+        return loss
+
+    def call(self, y_true, y_pred):
+        return self(y_true, y_pred)
+
+    def loss_and_parts(self, y_true, y_pred, sample_weight=None):
+        """`(loss, parts)`: the loss Keras reduces to, and the objective's parts
+        (`parts["ntl"]`, the number loss's mean over the number targets, ...)."""
+        logits = jnp.asarray(y_pred)
+        targets, weights = labels.token_ids(y_true, sample_weight, self.ignore_class)
+        factor = loss_normalizing_factor(self.reduction, targets.shape, sample_weight)
+        loss, parts = cross_entropy_and_ntl(
+            logits, targets, self.number_tokens, weights=weights, number_loss=self.number_loss,
+            ntl_weight=self.ntl_weight, label_smoothing=self.label_smoothing, z_loss=self.z_loss,
+            gce_sigma=self.gce_sigma, loss_normalizing_factor=factor)
+        return labels.checked(loss, targets, logits.shape[-1]), parts
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "number_tokens": number_tokens_config(self.number_tokens),
+            "number_loss": number_loss_spec(self.number_loss),
+            "ntl_weight": self.ntl_weight,
+            "label_smoothing": self.label_smoothing,
+            "z_loss": self.z_loss,
+            "gce_sigma": self.gce_sigma,
+            "ignore_class": self.ignore_class,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

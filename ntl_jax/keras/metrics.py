@@ -1,0 +1,124 @@
+"""Keras metrics of the number targets, for `compile(weighted_metrics=[...])`.
+
+Each is a `keras.metrics.Metric` with state: the sums of a batch's weighted values and
+weights, accumulated over an epoch (reset by `fit` each epoch and by `evaluate`), so the
+progress bar and `History` show the epoch's mean over its number targets, the targets
+whose label is a number token and whose weight (`sample_weight`, KerasHub's padding
+mask) is not 0:
+
+- `NumberTokenLossMetric` (`"ntl"`): the number loss (NTL-WAS by default), as
+  `parts["ntl"]` of `ntl_jax.cross_entropy_and_ntl`;
+- `NumberAccuracy` (`"number_accuracy"`): the share whose argmax over the whole
+  vocabulary is the target token;
+- `NumberAbsoluteError` (`"number_abs_error"`): `|E[v] - y|`, the expected value over
+  the number tokens (`ntl_jax.predict_numbers`) against the target token's value (a
+  token's value: for Llama 3's three-digit tokens, up to 999).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import keras
+
+from ntl_jax._core import variants
+from ntl_jax._core.losses import predict_numbers
+from ntl_jax._core.objective import cross_entropy_and_ntl
+from ntl_jax._core.variants import NumberLoss
+from ntl_jax.keras import labels
+from ntl_jax.keras.backend import require_jax_backend
+from ntl_jax.keras.loss import number_loss_spec
+from ntl_jax.keras.tokens import number_tokens_config, resolve_number_tokens
+
+
+class _NumberTargetMean(keras.metrics.Metric):
+    """The mean of a per-batch sum over the number targets: `total / count`."""
+
+    def __init__(self, number_tokens: Any, *, name: str, dtype=None):
+        require_jax_backend(f"ntl_jax.keras.{type(self).__name__}")
+        super().__init__(name=name, dtype=dtype)
+        self.number_tokens = resolve_number_tokens(number_tokens)
+        self.total = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="count")
+
+    def sums(self, logits, targets, weights):
+        """`(total, count)` of one batch."""
+        raise NotImplementedError
+
+    def number_target_weights(self, targets, weights):
+        """The weights at the targets that are number tokens, 0 elsewhere."""
+        values = jnp.asarray(self.number_tokens.values)
+        in_table = (targets >= 0) & (targets < values.shape[0])
+        is_number = in_table & ~jnp.isnan(values[jnp.where(in_table, targets, 0)])
+        return jnp.where(is_number, weights, 0.0)
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        targets, weights = labels.token_ids(y_true, sample_weight, None)
+        total, count = self.sums(jnp.asarray(y_pred), targets, weights)
+        self.total.assign_add(total)
+        self.count.assign_add(count)
+
+    def result(self):
+        return keras.ops.divide_no_nan(self.total, self.count)  # 0 before any number target
+
+    def get_config(self):
+        return {"name": self.name, "dtype": self.dtype, "number_tokens": number_tokens_config(self.number_tokens)}
+
+
+@keras.saving.register_keras_serializable(package="ntl_jax")
+class NumberTokenLossMetric(_NumberTargetMean):
+    """The number loss's mean over the number targets (`parts["ntl"]`), whatever its
+    weight in the training loss (`ntl_weight=0` trains with CE and still shows it)."""
+
+    def __init__(self, number_tokens: Any, *, number_loss: NumberLoss | str = "was", name: str = "ntl", dtype=None):
+        super().__init__(number_tokens, name=name, dtype=dtype)
+        self.number_loss = variants.resolve(number_loss)
+        if self.number_loss is None:
+            raise ValueError("expected a number loss to show, got None")
+
+    def sums(self, logits, targets, weights):
+        _, parts = cross_entropy_and_ntl(logits, targets, self.number_tokens, weights=weights,
+                                         number_loss=self.number_loss, ntl_weight=0.0)
+        return parts["ntl"] * parts["ntl_weight_sum"], parts["ntl_weight_sum"]
+
+    def get_config(self):
+        return {**super().get_config(), "number_loss": number_loss_spec(self.number_loss)}
+
+
+@keras.saving.register_keras_serializable(package="ntl_jax")
+class NumberAccuracy(_NumberTargetMean):
+    """The share of the number targets whose argmax over the vocabulary is the target."""
+
+    def __init__(self, number_tokens: Any, *, name: str = "number_accuracy", dtype=None):
+        super().__init__(number_tokens, name=name, dtype=dtype)
+
+    def sums(self, logits, targets, weights):
+        weights = self.number_target_weights(targets, weights)
+        right = jnp.argmax(logits, axis=-1) == targets
+        return jnp.sum(jnp.where(right, weights, 0.0)), jnp.sum(weights)
+
+
+@keras.saving.register_keras_serializable(package="ntl_jax")
+class NumberAbsoluteError(_NumberTargetMean):
+    """`|E[v] - y|` at the number targets: the expected value over the number tokens'
+    softmax (`ntl_jax.predict_numbers`) against the target token's value."""
+
+    def __init__(self, number_tokens: Any, *, name: str = "number_abs_error", dtype=None):
+        super().__init__(number_tokens, name=name, dtype=dtype)
+
+    def sums(self, logits, targets, weights):
+        weights = self.number_target_weights(targets, weights)
+        expected, _ = predict_numbers(logits, self.number_tokens)
+        values = jnp.asarray(self.number_tokens.values)
+        target_values = values[jnp.clip(targets, 0, values.shape[0] - 1)]
+        error = jnp.where(weights > 0, jnp.abs(expected - target_values), 0.0)
+        return jnp.sum(error * weights), jnp.sum(weights)
+
+
+def number_metrics(number_tokens: Any, *, number_loss: NumberLoss | str = "was") -> list[keras.metrics.Metric]:
+    """`[NumberTokenLossMetric, NumberAccuracy, NumberAbsoluteError]` of the same number
+    tokens: `compile(weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(),
+    *number_metrics(tokenizer)])`."""
+    table = resolve_number_tokens(number_tokens)
+    return [NumberTokenLossMetric(table, number_loss=number_loss), NumberAccuracy(table), NumberAbsoluteError(table)]
