@@ -6,7 +6,9 @@
   (libtpu 0.0.50 and later), so the head picks the target's logit inside its chunk loop
   and the number columns one by one;
 - it compiles with a number token at id 0: a scatter of the number tokens' indices into
-  a vocabulary-wide table aborted libtpu 0.0.52's compiler there.
+  a vocabulary-wide table aborted libtpu 0.0.52's compiler there;
+- what the TPU computes instead (the target's logit picked chunk by chunk, the number
+  columns one by one) equals what the other backends gather, on the CPU.
 
 `.ci/maxtext`'s environment has such a libtpu; the test environment's older one made
 neither the copy nor the abort, so there these tests hold either way.
@@ -22,6 +24,7 @@ pytest.importorskip("optax")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 from tests.test_tpu_cost import BENCHMARKS  # noqa: E402
 
@@ -99,3 +102,23 @@ def test_the_columns_one_by_one_are_the_columns():
     assert rows.dtype == kernel.dtype
     assert jnp.array_equal(rows, kernel[:, ids].T)
     assert jnp.array_equal(fused._columns(kernel, ids), kernel[:, ids].T)
+
+
+@pytest.mark.parametrize("offset", [0, 24])
+def test_the_target_picked_in_the_loop_is_the_gathered_one(offset):
+    # What a TPU streams (the target's logit picked chunk by chunk) equals what the
+    # other backends do (its column gathered), here on the CPU; 3 chunks of 16, the last
+    # moved back over 8 columns, and targets on this shard of [offset, offset + 40) or not.
+    keys = jax.random.split(jax.random.key(1), 3)
+    hidden = jax.random.normal(keys[0], (12, 8), jnp.float32)
+    kernel = jax.random.normal(keys[1], (8, 40), jnp.float32)
+    targets = jax.random.randint(keys[2], (12,), 0, 64)
+    local_ids = jnp.array([3, 17, 40], jnp.int32)  # 40: another shard's
+    outs = [fused._stream(hidden, kernel, targets, local_ids, jnp.int32(offset), chunk=16, with_top=True,
+                          pick_targets=pick) for pick in (True, False)]
+    for picked, gathered in zip(*outs):
+        np.testing.assert_allclose(picked, gathered, rtol=1e-6, atol=1e-6)
+    owned = (targets >= offset) & (targets < offset + 40)
+    columns = jnp.clip(targets - offset, 0, 39)[:, None]
+    expected = jnp.where(owned, jnp.take_along_axis(hidden @ kernel, columns, 1)[:, 0], 0)
+    np.testing.assert_allclose(outs[0][1], expected, rtol=1e-5, atol=1e-5)

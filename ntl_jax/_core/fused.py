@@ -101,18 +101,18 @@ def _chunk_start(i, width: int, chunk: int):
     return start, start + jnp.arange(chunk) >= i * chunk
 
 
-def _chunk_forward(h, kernel_chunk, targets, fresh, in_rest, start, acc, with_top):
+def _chunk_forward(h, kernel_chunk, targets, fresh, in_rest, start, acc, with_top, pick_targets):
     """Folds one chunk into `(rest_lse, target_logit, top_logit, top_id)`: the logsumexp
-    over the columns `in_rest` (the non-number tokens not yet counted), the logit of
-    each token's target column (`start` is the chunk's first id; `fresh` its columns
-    no earlier chunk covered) and (with `with_top`) the largest logit and its first id."""
+    over the columns `in_rest` (the non-number tokens not yet counted), with
+    `pick_targets` the logit of each token's target column (`start` is the chunk's first
+    id; `fresh` its columns no earlier chunk covered) and with `with_top` the largest
+    logit and its first id."""
     rest_lse, target_logit, top_logit, top_id = acc
     logits = _dot(h, kernel_chunk, ((1,), (0,)))
     rest_lse = jnp.logaddexp(rest_lse, jax.nn.logsumexp(jnp.where(in_rest[None, :], logits, -jnp.inf), axis=-1))
-    # Picked here rather than gathered from the kernel: a gather of the kernel's
-    # columns makes XLA's TPU compiler transpose the whole kernel first.
-    is_target = fresh[None, :] & (start + jnp.arange(kernel_chunk.shape[1])[None, :] == targets[:, None])
-    target_logit += jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)
+    if pick_targets:
+        is_target = fresh[None, :] & (start + jnp.arange(kernel_chunk.shape[1])[None, :] == targets[:, None])
+        target_logit += jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)
     if with_top:  # a column seen twice changes neither the maximum nor its first id
         chunk_top = jnp.max(logits, axis=-1)
         better = chunk_top > top_logit  # ties keep the earlier id, as argmax does
@@ -169,22 +169,41 @@ def _number_index(columns, local_ids):
     return jnp.where(sorted_ids[at] == columns, order[at], -1).astype(jnp.int32)
 
 
-def _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, axis):
-    """The statistics of `h @ kernel` on one vocabulary shard (all of it when `axis` is
-    None), combined over the shards of mesh axis `axis`: see `_vocab_stats_fwd`."""
+def _stream(h, kernel, targets, local_ids, offset, *, chunk, with_top, pick_targets):
+    """`(rest_lse, target_logit, top_logit, top_id)` of one shard's columns, streamed over
+    its chunks. The target's logit comes from the shard that owns its column (zero
+    elsewhere): picked inside the loop with `pick_targets`, else from the target's column."""
     num, width = h.shape[0], kernel.shape[1]
-    offset, local_ids, owned_ids = _shard_numbers(ids, width, axis)
 
     def body(i, acc):
         start, fresh = _chunk_start(i, width, chunk)
         kernel_chunk = _kernel_chunk(kernel, start, chunk)
         in_rest = fresh & (_number_index(start + jnp.arange(chunk), local_ids) < 0)
-        return _chunk_forward(h, kernel_chunk, targets, fresh, in_rest, offset + start, acc, with_top)
+        return _chunk_forward(h, kernel_chunk, targets, fresh, in_rest, offset + start, acc, with_top, pick_targets)
 
-    # The target's logit is summed from the shard that owns it (zero elsewhere, summed below).
     acc = (jnp.full((num,), -jnp.inf, jnp.float32), jnp.zeros((num,), jnp.float32),
            jnp.full((num,), -jnp.inf, jnp.float32), jnp.zeros((num,), jnp.int32))
     rest_lse, target_logit, top_logit, top_id = jax.lax.fori_loop(0, -(-width // chunk), body, acc)
+    if not pick_targets:
+        local_targets, owned_targets = _local_columns(targets, offset, width)
+        target_columns = jnp.take(kernel, jnp.minimum(local_targets, width - 1), axis=1)  # [D, N]
+        target_logit = jnp.einsum("nd,dn->n", h, target_columns, preferred_element_type=jnp.float32)
+        target_logit = jnp.where(owned_targets, target_logit, 0.0)
+    return rest_lse, target_logit, top_logit, top_id
+
+
+def _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, axis):
+    """The statistics of `h @ kernel` on one vocabulary shard (all of it when `axis` is
+    None), combined over the shards of mesh axis `axis`: see `_vocab_stats_fwd`."""
+    width = kernel.shape[1]
+    offset, local_ids, owned_ids = _shard_numbers(ids, width, axis)
+    # On a TPU the target's logit is picked inside the loop: a gather of the kernel's
+    # columns makes its compiler transpose the whole kernel first. Elsewhere the gather
+    # is cheaper than a pass over every chunk's logits.
+    stream = functools.partial(_stream, chunk=chunk, with_top=with_top)
+    rest_lse, target_logit, top_logit, top_id = jax.lax.platform_dependent(
+        h, kernel, targets, local_ids, jnp.asarray(offset, jnp.int32),
+        tpu=functools.partial(stream, pick_targets=True), default=functools.partial(stream, pick_targets=False))
     column_sum = jnp.sum(kernel, axis=1, dtype=jnp.float32) if with_sum else None
     # The number tokens' columns, n x D: small enough to assemble on every shard.
     number_columns = _columns(kernel, jnp.minimum(local_ids, width - 1))
@@ -202,7 +221,7 @@ def _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, axis):
     if with_sum:
         logit_sum = _dot(h.astype(jnp.float32), column_sum, ((1,), (0,)))
     else:
-        logit_sum = jnp.zeros((num,), jnp.float32)
+        logit_sum = jnp.zeros((h.shape[0],), jnp.float32)
     number_logits = _dot(h, number_columns, ((1,), (1,)))
     return rest_lse, target_logit, logit_sum, number_logits, top_id
 
