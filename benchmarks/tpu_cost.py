@@ -227,7 +227,7 @@ def while_loops(hlo: str) -> list[dict]:
 
 def _trips(defs: dict[str, str], init: str, cond: list[str]):
     """The trip count of a while whose condition is `get-tuple-element(p, index=i) < N`
-    (a constant N) and whose initial tuple's element i is a constant (or its copy)."""
+    (a constant N) and whose initial tuple's element i is a constant (or copies of one)."""
     cdefs = _definitions(cond)
     root = next((line for line in cond if line.lstrip().startswith("ROOT ")), "")
     m = re.search(r"compare\(%?([\w.\-]+), %?([\w.\-]+)\), direction=LT", root)
@@ -241,8 +241,9 @@ def _trips(defs: dict[str, str], init: str, cond: list[str]):
     if not operands:
         return None
     start = operands.group(1).split(",")[int(index.group(1))].strip().lstrip("%")
-    copied = re.search(r" copy\(%?([\w.\-]+)\)", defs.get(start, ""))
-    first = re.search(r"constant\((-?\d+)\)", defs.get(copied.group(1) if copied else start, ""))
+    while copied := re.search(r" copy\(%?([\w.\-]+)\)", defs.get(start, "")):  # a copy of a copy...
+        start = copied.group(1)
+    first = re.search(r"constant\((-?\d+)\)", defs.get(start, ""))
     return int(bound.group(1)) - int(first.group(1)) if first else None
 
 

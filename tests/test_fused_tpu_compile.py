@@ -87,7 +87,9 @@ def test_the_fused_head_compiles_with_a_number_token_at_id_0(chip, first):
     assert compiled.memory_analysis().temp_size_in_bytes > 0
 
 
-def test_the_number_index_of_each_column():
+@pytest.mark.parametrize("compared", [128, 0], ids=["compared", "searched"])
+def test_the_number_index_of_each_column(compared, monkeypatch):
+    monkeypatch.setattr(fused, "_COMPARED_IDS", compared)
     local_ids = jnp.array([9, 0, 4096, 5, 4096, 3], jnp.int32)  # 4096: another shard's, one past the end
     columns = jnp.arange(12, dtype=jnp.int32)
     expected = [1, -1, -1, 5, -1, 3, -1, -1, -1, 0, -1, -1]

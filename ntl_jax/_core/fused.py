@@ -43,6 +43,8 @@ _CHUNK_ELEMENTS = 1 << 23
 _WIDE_CHUNK_ELEMENTS = 1 << 27
 _ON_CHIP_BYTES = {"TPU v5 lite": 112 << 20}
 _compiling_for: list[str] = []
+# Up to this many number tokens a column is compared with each (a search costs more).
+_COMPARED_IDS = 128
 
 
 def default_chunk_size(num_tokens: int, vocab: int, d_model: int | None = None) -> int:
@@ -51,12 +53,17 @@ def default_chunk_size(num_tokens: int, vocab: int, d_model: int | None = None) 
     fit on chip (`_ON_CHIP_BYTES`)."""
     chunk = (_CHUNK_ELEMENTS // max(num_tokens, 1)) // 128 * 128
     chip = _device_kind()
-    if d_model is not None and chip is not None and chip.startswith("TPU"):
+    if d_model is not None and _on_tpu():
         on_chip = 4 * num_tokens * (d_model + chunk)
         if on_chip > _ON_CHIP_BYTES.get(chip, 0):
             widest = (_WIDE_CHUNK_ELEMENTS // max(num_tokens, 1)) // 128 * 128
             chunk = max(chunk, min(8 * d_model // 128 * 128, widest))
     return int(min(max(chunk, 128), vocab))
+
+
+def _on_tpu() -> bool:
+    """Whether programs are traced for a TPU (`_device_kind`)."""
+    return (_device_kind() or "").startswith("TPU")
 
 
 def _device_kind() -> str | None:
@@ -70,9 +77,10 @@ def _device_kind() -> str | None:
 
 @contextlib.contextmanager
 def compiling_for(device_kind: str):
-    """Inside the block, the fused head picks its chunks for `device_kind` (a
-    `jax.Device.device_kind`, e.g. "TPU v5 lite"): how the ahead-of-time benchmarks and
-    tests compile for a TPU from a CPU machine. Read when a function is traced."""
+    """Inside the block, the fused head is traced for `device_kind` (a
+    `jax.Device.device_kind`, e.g. "TPU v5 lite"): its chunks and, on a TPU, how it picks
+    the kernel's columns. Compiling ahead of time for a TPU from another machine, trace
+    inside this block. Read when a function is traced."""
     _compiling_for.append(device_kind)
     try:
         yield
@@ -123,8 +131,7 @@ def _chunk_forward(h, kernel_chunk, targets, fresh, in_rest, start, acc, with_to
 
 def _columns(kernel, ids):
     """`kernel[:, ids]` as `[len(ids), D]`; on a TPU one column at a time."""
-    return jax.lax.platform_dependent(kernel, ids, tpu=columns_one_by_one,
-                                      default=lambda kernel, ids: jnp.take(kernel, ids, axis=1).T)
+    return columns_one_by_one(kernel, ids) if _on_tpu() else jnp.take(kernel, ids, axis=1).T
 
 
 def columns_one_by_one(kernel, ids):
@@ -161,8 +168,12 @@ def _shard_numbers(ids, width, axis):
 
 def _number_index(columns, local_ids):
     """`[len(columns)]`: each column's index among `local_ids`, -1 where it is no number
-    token's. Searched in the sorted ids: a scatter of the indices into a `[width]` table
-    crashes libtpu's compiler (0.0.52) when a number token has id 0."""
+    token's. Compared with every id (a table of a few digits), else searched in the
+    sorted ids: a scatter of the indices into a `[width]` table crashes libtpu's compiler
+    (0.0.52) when a number token has id 0."""
+    if local_ids.shape[0] <= _COMPARED_IDS:
+        match = columns[:, None] == local_ids[None, :]
+        return jnp.where(jnp.any(match, axis=1), jnp.argmax(match, axis=1), -1).astype(jnp.int32)
     order = jnp.argsort(local_ids)
     sorted_ids = local_ids[order]
     at = jnp.minimum(jnp.searchsorted(sorted_ids, columns), local_ids.shape[0] - 1)
@@ -200,10 +211,8 @@ def _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, axis):
     # On a TPU the target's logit is picked inside the loop: a gather of the kernel's
     # columns makes its compiler transpose the whole kernel first. Elsewhere the gather
     # is cheaper than a pass over every chunk's logits.
-    stream = functools.partial(_stream, chunk=chunk, with_top=with_top)
-    rest_lse, target_logit, top_logit, top_id = jax.lax.platform_dependent(
-        h, kernel, targets, local_ids, jnp.asarray(offset, jnp.int32),
-        tpu=functools.partial(stream, pick_targets=True), default=functools.partial(stream, pick_targets=False))
+    rest_lse, target_logit, top_logit, top_id = _stream(h, kernel, targets, local_ids, offset, chunk=chunk,
+                                                        with_top=with_top, pick_targets=_on_tpu())
     column_sum = jnp.sum(kernel, axis=1, dtype=jnp.float32) if with_sum else None
     # The number tokens' columns, n x D: small enough to assemble on every shard.
     number_columns = _columns(kernel, jnp.minimum(local_ids, width - 1))
