@@ -154,8 +154,9 @@ def test_fused_head_ntl_adds_at_most_5_percent(tpu):
     """T5's shape, hidden [8, 1024, 512] and kernel [512, 32128] in bf16."""
     rows = tpu_cost.fused_rows("t5", ("none (CE only)", "number_level"))  # the benchmark has every kind
     assert rows[0]["variant"] == "none (CE only)"
-    # The vocabulary loops (forward and backward, 32 trips each) are counted per trip.
-    assert [loop["trips"] for loop in rows[0]["loops"]] == [32, 32]
+    # The vocabulary loops (forward and backward, 32 trips each) are counted per trip, and
+    # the loop that picks the 10 digits' columns of the kernel one by one.
+    assert sorted(loop["trips"] for loop in rows[0]["loops"]) == [10, 32, 32]
     assert rows[0]["bytes"] > 5 * rows[0]["bytes_counted_once"]
     # at 42b1add: 1.031 (was), 1.058 (number_level); at 94d95da: at most 1.0015
     assert max(_ratios(rows).values()) <= tpu_cost.TARGETS["fused"], _ratios(rows)

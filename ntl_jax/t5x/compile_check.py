@@ -227,7 +227,10 @@ def check(*, model, train_dataset_cfg, partitioner, topology: str, hbm_gib: Opti
 
     step = partitioner.partition(train_step, in_axis_resources=(state_axes, data_spec),
                                  out_axis_resources=(state_axes, None), donate_argnums=(0,))
-    compiled = step.lower(state_shape, batch).compile()
+    from ntl_jax._core import fused
+
+    with fused.compiling_for(devices[0].device_kind):  # the fused head as that chip runs it
+        compiled = step.lower(state_shape, batch).compile()
 
     def shardings(axes, shapes):
         return jax.tree.map(lambda spec, _: NamedSharding(mesh, spec if spec is not None else
