@@ -182,7 +182,7 @@ def test_vocab_parallel_head_gathers_no_kernel_columns(tpu):
 def test_sequence_parallel_head_holds_under_0_3_of_one_chip(tpu):
     """With the hidden states' sequence split over `model` too (`sequence_parallel=True`),
     a chip holds a quarter of its batch shard's hidden states and of their gradient: at
-    T5's shape 0.234x one chip's peak (0.310x with the sequence whole, whose arguments
+    T5's shape 0.235x one chip's peak (0.310x with the sequence whole, whose arguments
     and results alone are 0.301x; benchmarks/results/tpu_cost_v5e.json), and still no
     kernel columns gathered."""
     assert kernel_gathers("sequence-parallel") == []
