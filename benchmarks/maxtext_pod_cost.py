@@ -44,7 +44,6 @@ UNROLLED = [*POD, "scan_layers=false"]
 SMALL = ["model_name=qwen3-0.6b", "override_model_config=true", "base_emb_dim=64", "base_num_decoder_layers=2",
          "base_num_query_heads=2", "base_num_kv_heads=2", "base_mlp_dim=128", "head_dim=32",
          "per_device_batch_size=1", "max_target_length=256"]
-# The committed results were compiled with `ntl_kind=was`, this key before 0.3.0.
 NTL = ["ntl_weight=0.3", "ntl_number_loss=was"]
 # The same step with the vocabulary tiles' loop unrolled too (`_unrolled_tiles`), so that
 # XLA's cost analysis counts every tile: for the traffic of the tiled steps alone.

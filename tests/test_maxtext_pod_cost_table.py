@@ -20,7 +20,7 @@ RESULTS = json.loads(pod_cost.RESULTS.read_text())
 def test_the_maxtext_guide_shows_the_committed_results():
     guide = (ROOT / "docs" / "guides" / "maxtext.md").read_text()
     assert pod_cost.table(RESULTS) in guide
-    assert RESULTS["ntl"] == ["ntl_weight=0.3", "ntl_kind=was"]
+    assert RESULTS["ntl"] == ["ntl_weight=0.3", "ntl_number_loss=was"]
     assert {(r["model"], r["topology"], r["num_vocab_tiling"], r["variant"]) for r in RESULTS["rows"]} == set(
         pod_cost.RUNS)
 
