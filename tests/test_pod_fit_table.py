@@ -9,20 +9,13 @@ import importlib.util
 import json
 import pathlib
 
+from tests.compile_check_reports import loss_of
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("t5x_pod_fit", ROOT / "benchmarks" / "t5x_pod_fit.py")
 pod_fit = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(pod_fit)
 RESULTS = json.loads(pod_fit.RESULTS.read_text())
-
-
-def loss_of(report: dict) -> dict:
-    """A report's `ntl` as compile_check writes it now: the number loss as its spec under
-    `number_loss`. Results compiled before ntl_jax 0.3.0 name the same spec `ntl_kind`."""
-    ntl = dict(report["ntl"])
-    if "ntl_kind" in ntl:
-        ntl["number_loss"] = ntl.pop("ntl_kind")
-    return ntl
 
 
 def test_the_t5x_guide_shows_the_committed_results():

@@ -9,20 +9,13 @@ import importlib.util
 import json
 import pathlib
 
+from tests.compile_check_reports import loss_of
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("t5x_systems_pod", ROOT / "benchmarks" / "t5x_systems_pod.py")
 pod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(pod)
 RESULTS = json.loads(pod.RESULTS.read_text())
-
-
-def loss_of(report: dict) -> dict:
-    """A report's `ntl` as compile_check writes it now: the number loss as its spec under
-    `number_loss`. Results compiled before ntl_jax 0.3.0 name the same spec `ntl_kind`."""
-    ntl = dict(report["ntl"])
-    if "ntl_kind" in ntl:
-        ntl["number_loss"] = ntl.pop("ntl_kind")
-    return ntl
 # (memory, traffic) the guide states, to its rounding.
 LIMITS = {"T5 + NTL-MSE": (1.0008, 1.0011), "T5 + NTL-WAS": (1.0008, 1.0011), "RT": (1.0042, 1.0071),
           "RT + NTL-MSE": (1.0042, 1.0071), "xVal": (1.0128, 1.0179)}
