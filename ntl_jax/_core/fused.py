@@ -4,9 +4,10 @@ the `[batch, length, vocab]` logits.
 Every term of the objective needs only a few numbers per position (`HeadStats`): the
 log-normaliser, the target's logit, the sum of the logits (label smoothing), the number
 tokens' logits, and, for the number mass, the log-normaliser over the non-number tokens. The
-number tokens' logits are a small product with their columns; the log-normaliser over
-the rest of the vocabulary and the target's logit are streamed over vocabulary chunks
-of `[batch * length, chunk]`, and its custom gradient recomputes each chunk's logits in
+number tokens' logits are a small product with their columns, and the target's logit
+one with its column (on a TPU it is picked from the chunks instead); the log-normaliser
+over the rest of the vocabulary is streamed over vocabulary chunks of `[batch * length,
+chunk]`, and its custom gradient recomputes each chunk's logits in
 the backward pass, writing each chunk of the kernel's gradient once (chunking over the
 vocabulary rather than the tokens needs no float32 accumulator the size of the kernel).
 From the statistics on (`head_stats.HeadStats`), the arithmetic is
@@ -52,10 +53,9 @@ def default_chunk_size(num_tokens: int, vocab: int, d_model: int | None = None) 
     on a TPU wider where the hidden states' float32 gradient and a chunk's logits do not
     fit on chip (`_ON_CHIP_BYTES`)."""
     chunk = (_CHUNK_ELEMENTS // max(num_tokens, 1)) // 128 * 128
-    chip = _device_kind()
     if d_model is not None and _on_tpu():
         on_chip = 4 * num_tokens * (d_model + chunk)
-        if on_chip > _ON_CHIP_BYTES.get(chip, 0):
+        if on_chip > _ON_CHIP_BYTES.get(_device_kind(), 0):
             widest = (_WIDE_CHUNK_ELEMENTS // max(num_tokens, 1)) // 128 * 128
             chunk = max(chunk, min(8 * d_model // 128 * 128, widest))
     return int(min(max(chunk, 128), vocab))
