@@ -443,13 +443,14 @@ def _llama3(vocab: int):
     return llama3_number_tokens(vocab)
 
 
-def _ours(table: str | None):
+def _ours(table: str | None, backward: str = "xla"):
     def make(tokens, hidden, vocab, target):
         import ntl_jax
 
         nt = (_llama3 if table == "llama3" else _digits)(vocab)
         options = ({"number_loss": None} if table is None else
                    {"number_loss": "was", "ntl_weight": NTL_WEIGHT})
+        options["backward"] = backward
 
         def loss(h, k, t):
             return ntl_jax.fused_cross_entropy_and_ntl(h, k, t, nt, loss_normalizing_factor=float(tokens),
@@ -563,6 +564,8 @@ IMPLS = [
     Impl("ours CE", "ours", "[1,N,H]x[H,V]", _ours(None)),
     Impl("ours CE + NTL-WAS digits", "ours", "[1,N,H]x[H,V]", _ours("digits")),
     Impl("ours CE + NTL-WAS llama3 table", "ours", "[1,N,H]x[H,V]", _ours("llama3")),
+    Impl("ours CE + NTL-WAS digits (Pallas backward)", "ours", "[1,N,H]x[H,V]", _ours("digits", "pallas"),
+         pallas=True, note="opt-in: backward='pallas'"),
     Impl("tokamax/mosaic_tpu", "tokamax", "[N,H]x[H,V]", _tokamax("mosaic_tpu"), pallas=True),
     Impl("tokamax/chunked_xla", "tokamax", "[N,H]x[H,V]", _tokamax("chunked_xla")),
     Impl("jax_cce", "jax_cce", "[N,H]x[V,H]", _jax_cce),
@@ -597,14 +600,18 @@ def targeting(device, interpret=False):
     interpret mode (CPU checks)."""
     import jax
 
-    from ntl_jax._core import fused
+    from ntl_jax._core import fused, fused_pallas
 
     saved = (_Target.backend, _Target.devices, _PALLAS["interpret"])
     _Target.backend = "tpu" if (device.platform == "tpu" or interpret) else device.platform
     _Target.devices = (device,)
     _PALLAS["interpret"] = interpret
     try:
-        with jax.default_device(device), fused.compiling_for(device.device_kind):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(jax.default_device(device))
+            stack.enter_context(fused.compiling_for(device.device_kind))
+            if interpret:
+                stack.enter_context(fused_pallas.interpreted())
             yield
     finally:
         _Target.backend, _Target.devices, _PALLAS["interpret"] = saved
@@ -673,7 +680,8 @@ def numerical_check(impls=None, tokens=CHECK_TOKENS, hidden=CHECK_HIDDEN, vocabs
                            "grad_hidden_rel_err": _rel(np.asarray(gh).reshape(h.shape), ref_gh),
                            "grad_kernel_rel_err": _rel(gk, ref_gk)}
                     if impl.family == "ours" and "NTL" in impl.name:
-                        row.update(_ours_ntl_check(impl, h, k, t, vocab, ref_l))
+                        with targeting(cpu, interpret=impl.pallas):
+                            row.update(_ours_ntl_check(impl, h, k, t, vocab, ref_l))
                         # the CE part is what optax computes
                         row["loss_rel_err"] = row.pop("ce_part_rel_err")
                         row["grad_hidden_rel_err"] = row["grad_kernel_rel_err"] = None
@@ -697,6 +705,7 @@ def _ours_ntl_check(impl, h, k, t, vocab, ref_l):
     import ntl_jax
 
     table = "llama3" if "llama3" in impl.name else "digits"
+    backward = "pallas" if "Pallas" in impl.name else "xla"
     nt = (_llama3 if table == "llama3" else _digits)(vocab)
     n = float(h.shape[0])
     h3, t2 = h[None], t[None]
@@ -704,7 +713,7 @@ def _ours_ntl_check(impl, h, k, t, vocab, ref_l):
     def fused(weight, number_loss="was"):
         def f(h, k):
             return ntl_jax.fused_cross_entropy_and_ntl(h, k, t2, nt, number_loss=number_loss, ntl_weight=weight,
-                                                       loss_normalizing_factor=n)
+                                                       loss_normalizing_factor=n, backward=backward)
         return f
 
     def unfused(h, k):
@@ -1291,6 +1300,57 @@ def markdown(rows: list[dict], checks: dict) -> str:
     return "\n".join(lines)
 
 
+DOCS_NAMES = {
+    "ours CE + NTL-WAS digits": "**ours, CE + NTL-WAS** (digits)",
+    "ours CE + NTL-WAS llama3 table": "**ours, CE + NTL-WAS** (1,110 number tokens)",
+    "ours CE + NTL-WAS digits (Pallas backward)": "**ours, CE + NTL-WAS** (digits), `backward=\"pallas\"` (opt-in)",
+    "ours CE": "ours, CE only",
+    "tokamax/mosaic_tpu": "tokamax, Mosaic TPU kernel",
+    "tokamax/chunked_xla": "tokamax, chunked XLA",
+    "jax_cce": "jax-cce",
+    "levanter/xla": "Levanter, XLA",
+    "levanter/pallas_tpu": "Levanter, Pallas TPU kernel",
+    "levanter/pallas_tpu small blocks": "Levanter, Pallas, blocks 1,024/128/128 (not its default)",
+    "optax (unfused)": "optax on the logits (unfused)",
+}
+DOCS_SHAPES = {"llama3": "Llama-3 (H 4,096, V 128,256)", "qwen3": "Qwen3-0.6B (H 1,024, V 151,936)",
+               "gemma2": "Gemma-2 2B (H 2,304, V 256,000)"}
+
+
+def docs_tables(result: dict) -> str:
+    """The tables of docs/performance.md from a results file: per shape, each
+    implementation's peak and HBM traffic on each chip and its numerical check."""
+    out = []
+    for shape, title in DOCS_SHAPES.items():
+        out += ["", f"**{title}**, 8,192 tokens, bf16, GB:", "",
+                "| implementation | v5e peak | v5e HBM traffic | v5p peak | v5p HBM traffic "
+                "| check (V 2,176): loss / gradients |", "|---|---|---|---|---|---|"]
+        for impl, label in DOCS_NAMES.items():
+            cells = []
+            found = [next((r for r in result["rows"] if (r["shape"], r["chip"], r["impl"]) == (shape, chip, impl)),
+                          None) for chip in ("v5e", "v5p")]
+            if not any(found):
+                continue
+            for r in found:
+                if r is None:
+                    cells += ["", ""]
+                elif r.get("error"):
+                    cells += ["does not compile", "—"]
+                else:
+                    cells += [f"{r['figures']['peak_bytes'] / 1e9:.2f}", f"{r['figures']['hbm_bytes'] / 1e9:.1f}"]
+            c = result["checks"].get(f"{impl} @V={CHECK_VOCABS[0]}")
+            if c is None:
+                check = "the reference" if impl.startswith("optax") else "the kernel above"
+            elif c.get("grad_hidden_rel_err") is not None:
+                check = (f"{'pass' if c['passed'] else '**wrong**'}: {c['loss_rel_err']:.1e} / "
+                         f"{max(c['grad_hidden_rel_err'], c['grad_kernel_rel_err']):.1e}")
+            else:
+                check = (f"{'pass' if c['passed'] else '**wrong**'}: {c['total_vs_unfused_rel_err']:.1e} / "
+                         f"{c['grads_vs_unfused_rel_err']:.1e} (vs the unfused objective)")
+            out.append(f"| {label} | " + " | ".join(cells + [check]) + " |")
+    return "\n".join(out[1:])
+
+
 def versions() -> dict:
     out = {}
     for name in ("jax", "jaxlib", "libtpu", "tokamax", "jax-cce", "optax", "ntl_jax"):
@@ -1320,7 +1380,13 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="the numerical check plus one small compile per implementation (not written)")
     parser.add_argument("--out", default=None, help="JSON file to write (merged by row with what it holds)")
+    parser.add_argument("--docs-tables", metavar="RESULTS", default=None,
+                        help="print docs/performance.md's tables from a results file, and nothing else")
     args = parser.parse_args(argv)
+    if args.docs_tables:
+        with open(args.docs_tables) as fh:
+            print(docs_tables(json.load(fh)))
+        return 0
 
     impls = select(args.only)
     command = [os.path.relpath(__file__, os.path.dirname(HERE))] + (argv or sys.argv[1:])

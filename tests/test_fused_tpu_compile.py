@@ -8,7 +8,8 @@
 - it compiles with a number token at id 0: a scatter of the number tokens' indices into
   a vocabulary-wide table aborted libtpu 0.0.52's compiler there;
 - what the TPU computes instead (the target's logit picked chunk by chunk, the number
-  columns one by one) equals what the other backends gather, on the CPU.
+  columns one by one) equals what the other backends gather, on the CPU;
+- the opt-in Pallas backward's two kernels compile, their blocks within scoped VMEM.
 
 `.ci/maxtext`'s environment has such a libtpu; the test environment's older one made
 neither the copy nor the abort, so there these tests hold either way.
@@ -124,3 +125,23 @@ def test_the_target_picked_in_the_loop_is_the_gathered_one(offset):
     columns = jnp.clip(targets - offset, 0, 39)[:, None]
     expected = jnp.where(owned, jnp.take_along_axis(hidden @ kernel, columns, 1)[:, 0], 0)
     np.testing.assert_allclose(outs[0][1], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_pallas_backward_compiles_for_the_chip(chip):
+    # Two Mosaic kernels for the backward pass, with blocks that fit their scoped VMEM
+    # (the compiler refuses a kernel that does not), at the 1,110-token table.
+    nt = vocabularies.llama3_number_tokens(V)
+
+    def loss(hidden, kernel, targets):
+        return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, ntl_weight=0.3, label_smoothing=0.1,
+                                                   backward="pallas")[0]
+
+    sharding = jax.sharding.SingleDeviceSharding(chip)
+    args = (jax.ShapeDtypeStruct((1, TOKENS, D), jnp.bfloat16, sharding=sharding),
+            jax.ShapeDtypeStruct((D, V), jnp.bfloat16, sharding=sharding),
+            jax.ShapeDtypeStruct((1, TOKENS), jnp.int32, sharding=sharding))
+    with fused.compiling_for(chip.device_kind):
+        compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*args).compile()
+    text = compiled.as_text()
+    assert "ntl_hidden_grad" in text and "ntl_kernel_grad" in text
+    assert compiled.memory_analysis().temp_size_in_bytes < D * V * 2 / 4

@@ -117,16 +117,49 @@ def _chunk_forward(h, kernel_chunk, targets, fresh, in_rest, start, acc, with_to
     logit and its first id."""
     rest_lse, target_logit, top_logit, top_id = acc
     logits = _dot(h, kernel_chunk, ((1,), (0,)))
-    rest_lse = jnp.logaddexp(rest_lse, jax.nn.logsumexp(jnp.where(in_rest[None, :], logits, -jnp.inf), axis=-1))
+    columns = start + jnp.arange(kernel_chunk.shape[1])
     if pick_targets:
-        is_target = fresh[None, :] & (start + jnp.arange(kernel_chunk.shape[1])[None, :] == targets[:, None])
-        target_logit += jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)
+        is_target = fresh[None, :] & (columns[None, :] == targets[:, None])
+        chunk_lse, chunk_target, chunk_top, chunk_id = _one_pass(logits, in_rest, is_target, columns, with_top)
+        target_logit += chunk_target
+    else:
+        chunk_lse = jax.nn.logsumexp(jnp.where(in_rest[None, :], logits, -jnp.inf), axis=-1)
+        if with_top:
+            chunk_top = jnp.max(logits, axis=-1)
+            chunk_id = start + jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    rest_lse = jnp.logaddexp(rest_lse, chunk_lse)
     if with_top:  # a column seen twice changes neither the maximum nor its first id
-        chunk_top = jnp.max(logits, axis=-1)
         better = chunk_top > top_logit  # ties keep the earlier id, as argmax does
-        top_id = jnp.where(better, start + jnp.argmax(logits, axis=-1).astype(jnp.int32), top_id)
+        top_id = jnp.where(better, chunk_id, top_id)
         top_logit = jnp.where(better, chunk_top, top_logit)
     return rest_lse, target_logit, top_logit, top_id
+
+
+def _one_pass(logits, in_rest, is_target, columns, with_top):
+    """`(lse, target, top, top_id)` per row of a chunk's `logits` in one reduction: the
+    logsumexp over the columns `in_rest` (a running maximum and a sum rescaled to it),
+    the sum of the logits where `is_target`, and with `with_top` the largest logit and
+    its first column. One reduction is one fusion with the product on a TPU: the
+    logits never leave the chip, where separate reductions each read them from HBM."""
+    ones = jnp.ones_like(logits)
+    operands = [jnp.where(in_rest[None, :], logits, -jnp.inf), ones, jnp.where(is_target, logits, 0.0)]
+    inits = [jnp.float32(-jnp.inf), jnp.float32(0.0), jnp.float32(0.0)]
+    if with_top:
+        operands += [logits, jnp.broadcast_to(columns.astype(jnp.int32)[None, :], logits.shape)]
+        inits += [jnp.float32(-jnp.inf), jnp.int32(jnp.iinfo(jnp.int32).max)]
+
+    def combine(a, b):
+        top = jnp.maximum(a[0], b[0])
+        shift = jnp.where(jnp.isfinite(top), top, 0.0)
+        out = [top, a[1] * jnp.exp(a[0] - shift) + b[1] * jnp.exp(b[0] - shift), a[2] + b[2]]
+        if with_top:
+            b_wins = (b[3] > a[3]) | ((b[3] == a[3]) & (b[4] < a[4]))
+            out += [jnp.where(b_wins, b[3], a[3]), jnp.where(b_wins, b[4], a[4])]
+        return tuple(out)
+
+    out = jax.lax.reduce(tuple(operands), tuple(inits), combine, (1,))
+    lse = out[0] + jnp.log(out[1])
+    return (lse, out[2]) + ((out[3], out[4]) if with_top else (None, None))
 
 
 def _columns(kernel, ids):
@@ -242,7 +275,8 @@ def _logsumexp_over(lse, axis):
     return shift + jnp.log(jax.lax.psum(jnp.exp(lse - shift), axis))
 
 
-def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum, axis, batch_axes=()):
+def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum, axis, batch_axes=(),
+                 backward="xla"):
     """`(d h, d kernel)` of one vocabulary shard's columns (all of them when `axis` is
     None): `d h` is this shard's share (summed over the shards by the caller); each
     chunk of `d kernel` is summed over the token shards (`batch_axes`) in float32
@@ -252,7 +286,8 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     loop (a per-chunk `[n, chunk]` one-hot would cost `tokens x n x vocab`
     multiply-adds, more than the head itself at n ~ 1,000 number tokens); each chunk
     selects its number columns' `d kernel` from it (a scatter after the loop would widen
-    a bf16 kernel's whole gradient to float32 on XLA's CPU backend)."""
+    a bf16 kernel's whole gradient to float32 on XLA's CPU backend). With `backward`
+    "pallas" the chunks are `fused_pallas`'s kernels'."""
     g_rest, g_target, g_sum, g_numbers = cotangents
     width = kernel.shape[1]
     grad_dtype = jnp.result_type(h, kernel)
@@ -267,6 +302,9 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     d_numbers = jnp.where(owned_ids[None, :], d_numbers, 0.0).astype(grad_dtype)
     d_h_numbers = _dot(d_numbers, _columns(kernel, jnp.minimum(local_ids, width - 1)), ((1,), (0,)))
     d_number_columns = _dot(h, d_numbers, ((0,), (0,)))
+    if backward == "pallas":
+        return _pallas_grads(h, kernel, targets - offset, local_ids, shift, cotangents, d_h_numbers,
+                             d_number_columns, batch_axes)
     if batch_axes:
         d_number_columns = jax.lax.psum(d_number_columns, batch_axes)
     d_number_columns = d_number_columns.astype(kernel.dtype)
@@ -304,12 +342,32 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     return jax.lax.fori_loop(0, -(-width // chunk), body, carry)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _vocab_stats(h, kernel, targets, ids, chunk, with_sum, with_top, shards):
-    return _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards)[0]
+def _pallas_grads(h, kernel, local_targets, local_ids, shift, cotangents, d_h_numbers, d_number_columns,
+                  batch_axes):
+    """`_local_grads` by `fused_pallas.backward`; with `batch_axes` its float32 kernel
+    gradient (this device's tokens' share, number columns included) is summed over the
+    token shards before it is rounded."""
+    from ntl_jax._core import fused_pallas  # Pallas is imported only where it is used
+
+    g_rest, g_target, g_sum, _ = cotangents
+    width = kernel.shape[1]
+    g_sum = jnp.zeros_like(g_rest) if g_sum is None else g_sum
+    stats = jnp.stack([shift[:, 0], g_rest, g_target, g_sum], axis=1).astype(jnp.float32)
+    index = _number_index(jnp.arange(width), local_ids)
+    d_h, d_kernel = fused_pallas.backward(
+        h, kernel, stats, local_targets, index, d_number_columns.astype(kernel.dtype),
+        out_dtype=jnp.float32 if batch_axes else kernel.dtype, interpret=fused_pallas.interpreting())
+    if batch_axes:
+        d_kernel = jax.lax.psum(d_kernel, batch_axes).astype(kernel.dtype)
+    return d_h_numbers + d_h, d_kernel
 
 
-def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _vocab_stats(h, kernel, targets, ids, chunk, with_sum, with_top, shards, backward):
+    return _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards, backward)[0]
+
+
+def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards, backward):
     """`(rest_lse, target_logit, logit_sum, number_logits, top_id)` of `h @ kernel`,
     each per token `[batch * length, ...]`.
 
@@ -337,17 +395,25 @@ def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards)
     return out, (h, kernel, targets, ids, out[0])
 
 
+def _pallas_interpreted() -> bool:
+    """Whether `fused_pallas.interpreted()` is on (without importing Pallas if not)."""
+    import sys
+
+    module = sys.modules.get("ntl_jax._core.fused_pallas")
+    return module is not None and module.interpreting()
+
+
 def _tokens(h):
     """`[batch, length, D]` hidden states as `[batch * length, D]`."""
     return h.reshape(-1, h.shape[-1])
 
 
-def _vocab_stats_bwd(chunk, with_sum, with_top, shards, residuals, cotangents):
+def _vocab_stats_bwd(chunk, with_sum, with_top, shards, backward, residuals, cotangents):
     h, kernel, targets, ids, rest_lse = residuals
     cotangents = cotangents[:4]  # top_id is not differentiated
     if shards is None:
         d_h, d_kernel = _local_grads(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, chunk,
-                                     with_sum, None)
+                                     with_sum, None, backward=backward)
         d_h = d_h.reshape(h.shape)
     else:
         tokens, rows, columns, replicated = vocab_parallel.partition_specs(shards)
@@ -356,7 +422,7 @@ def _vocab_stats_bwd(chunk, with_sum, with_top, shards, residuals, cotangents):
         def local(h, kernel, targets, ids, rest_lse, cotangents):
             h = vocab_parallel.gather_sequence(h, shards)
             d_h, d_kernel = _local_grads(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, chunk,
-                                         with_sum, shards.vocab_axis, shards.batch_axes)
+                                         with_sum, shards.vocab_axis, shards.batch_axes, backward)
             # Each shard's columns add to every token's gradient.
             return vocab_parallel.sum_over_vocab(d_h.reshape(h.shape), shards), d_kernel
 
@@ -374,14 +440,20 @@ _vocab_stats.defvjp(_vocab_stats_fwd, _vocab_stats_bwd)
 def head_stats_from_hidden(hidden, kernel, target: NumberTarget, number_tokens: NumberTokens,
                            reads: NumberReads | None, *, label_smoothing: float = 0.0, with_masses: bool = False,
                            chunk_size=None, with_top: bool = False,
-                           shards: vocab_parallel.VocabShards | None = None):
+                           shards: vocab_parallel.VocabShards | None = None, backward: str = "xla"):
     """`(HeadStats, top_ids)` of the logits `hidden @ kernel` (checked), streamed over
     vocabulary chunks (see the module docstring), at the positions `target.keep`;
     `top_ids` `[batch, length]` is the argmax over the vocabulary with `with_top`, else
     None. With `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over its
     mesh. The number statistics are those `reads` names (None: none), from the number
-    tokens' columns (`number_stats.from_columns`).
+    tokens' columns (`number_stats.from_columns`). With `backward` "pallas" the backward
+    pass runs `fused_pallas`'s TPU kernels instead of XLA's chunk loop.
     """
+    if backward not in ("xla", "pallas"):
+        raise ValueError(f"expected backward 'xla' or 'pallas', got {backward!r}")
+    if backward == "pallas" and not (_on_tpu() or _pallas_interpreted()):
+        raise ValueError(f"expected a TPU for backward='pallas' (its kernels are TPU kernels), "
+                         f"got {_device_kind() or jax.default_backend()}")
     dtype = jnp.result_type(hidden, kernel)
     kernel = jnp.asarray(kernel, dtype)
     vocab = kernel.shape[1]
@@ -401,7 +473,7 @@ def head_stats_from_hidden(hidden, kernel, target: NumberTarget, number_tokens: 
     chunk = min(int(chunk_size), width)
     rest_lse, target_logit, logit_sum, number_logits, top_id = _vocab_stats(
         hidden, kernel, jnp.maximum(target.ids, 0),
-        jnp.asarray(number_tokens.ids), chunk, label_smoothing > 0, with_top, shards,
+        jnp.asarray(number_tokens.ids), chunk, label_smoothing > 0, with_top, shards, backward,
     )
     shape = (batch, length)
     numbers = number_stats.from_columns(number_logits.reshape(shape + (-1,)), target, number_tokens,

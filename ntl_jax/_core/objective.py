@@ -93,6 +93,7 @@ def fused_cross_entropy_and_ntl(
     vocab_axis: str | None = None,
     sequence_parallel: bool = False,
     mesh=None,
+    backward: str = "xla",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`cross_entropy_and_ntl(hidden @ kernel, ...)` streamed over vocabulary chunks: the
     same loss, parts and gradients (to float32 rounding), never holding the logits.
@@ -108,6 +109,8 @@ def fused_cross_entropy_and_ntl(
       sequence_parallel: with `vocab_axis`, `hidden` arrives with its sequence split
         over that axis too (Megatron-LM's sequence parallelism).
       mesh: the mesh for `vocab_axis` (None: the mesh in context).
+      backward: "xla" (XLA's chunk loop) or, on a TPU, "pallas": two Pallas kernels that
+        keep every tile of the backward pass on chip (opt-in, docs/guides/fused-head.md).
 
     Returns:
       `(loss, parts)` as `cross_entropy_and_ntl` (docs/guides/fused-head.md).
@@ -122,8 +125,7 @@ def fused_cross_entropy_and_ntl(
     def head_of(target, reads, with_masses):
         return fused.head_stats_from_hidden(hidden, kernel, target, number_tokens, reads,
                                             label_smoothing=label_smoothing, with_masses=with_masses,
-                                            chunk_size=chunk_size,
-                                            shards=shards)[0]
+                                            chunk_size=chunk_size, shards=shards, backward=backward)[0]
 
     run = pipeline.run(head_of, targets, weights, vocab, number_tokens, options.number_loss,
                        gce_sigma=options.gce_sigma, loss_normalizing_factor=loss_normalizing_factor,

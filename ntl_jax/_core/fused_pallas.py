@@ -1,0 +1,198 @@
+"""The fused head's backward pass as two Pallas TPU kernels (opt-in: `backward="pallas"`).
+
+XLA's backward writes each chunk's `[tokens, chunk]` gradient of the logits to HBM and
+reads it back for the two products (unless the compiler keeps it on chip, as it does on
+a v5e); these kernels keep every tile in VMEM:
+
+- `hidden_grad`: a grid of (token blocks, vocabulary blocks), the vocabulary innermost;
+  each token block's float32 gradient stays in VMEM while the kernel streams past it.
+- `kernel_grad`: a grid of (vocabulary blocks, token blocks), the tokens innermost; each
+  block of columns' float32 gradient stays in VMEM while the tokens stream past it, and
+  the number tokens' columns take their gradient from `number_columns_grad` instead.
+
+Both recompute the tile's logits from `h` and the kernel. The gradient of the logits is
+that of `fused._local_grads`: `g_rest * exp(logit - shift)` on the non-number columns,
+plus `g_target` at the target's column and `g_sum` everywhere (label smoothing), zero on
+the number tokens' columns (their share is added by the caller), rounded to the
+operands' dtype before the products as the unfused path does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+# Per-token statistics travel as the columns of one float32 `[tokens, 4]` operand.
+_SHIFT, _G_REST, _G_TARGET, _G_SUM = range(4)
+_TOKEN_BLOCKS = (1024, 512, 256, 128, 64, 32, 16, 8)
+# What each kernel's blocks may take of VMEM (a v5e's is 128 MiB, a v5p's 95 MiB).
+_VMEM_BUDGET = 40 << 20
+_interpreting: list[bool] = []
+
+
+@contextlib.contextmanager
+def interpreted():
+    """Inside the block, the kernels run in Pallas' interpret mode off a TPU (tests, and
+    checks against the reference on the CPU); outside it they are for a TPU only."""
+    _interpreting.append(True)
+    try:
+        yield
+    finally:
+        _interpreting.pop()
+
+
+def interpreting() -> bool:
+    return bool(_interpreting)
+
+
+def _logits_grad(h, kernel_block, stats, targets, number_index, first_column, width, dtype):
+    """`(d logits, valid)` of one `[tokens, columns]` tile, `d logits` in `dtype`, and
+    the kernel block with the columns past `width` (a partial last block's) zeroed."""
+    columns = first_column + jax.lax.broadcasted_iota(jnp.int32, (1, kernel_block.shape[1]), 1)
+    valid = columns < width
+    kernel_block = jnp.where(valid, kernel_block, jnp.zeros((), kernel_block.dtype))
+    logits = jax.lax.dot_general(h, kernel_block, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    d = stats[:, _G_REST:_G_REST + 1] * jnp.exp(logits - stats[:, _SHIFT:_SHIFT + 1])
+    d += jnp.where(columns == targets, stats[:, _G_TARGET:_G_TARGET + 1], 0.0)
+    d += stats[:, _G_SUM:_G_SUM + 1]
+    d = jnp.where(valid & (number_index < 0), d, 0.0)
+    return d.astype(dtype), kernel_block
+
+
+def _hidden_grad_kernel(h_ref, kernel_ref, stats_ref, targets_ref, index_ref, out_ref, *, block, width):
+    j = pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _():
+        out_ref[...] = jnp.zeros_like(out_ref)
+
+    d, kernel_block = _logits_grad(h_ref[...], kernel_ref[...], stats_ref[...], targets_ref[...], index_ref[...],
+                                   j * block, width, h_ref.dtype)
+    out_ref[...] += jax.lax.dot_general(d, kernel_block, (((1,), (1,)), ((), ())),
+                                        preferred_element_type=jnp.float32)
+
+
+def _kernel_grad_kernel(h_ref, kernel_ref, stats_ref, targets_ref, index_ref, numbers_ref, out_ref, acc_ref, *,
+                        block, width):
+    j, i = pl.program_id(0), pl.program_id(1)
+
+    @pl.when(i == 0)
+    def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    h = h_ref[...]
+    d, _ = _logits_grad(h, kernel_ref[...], stats_ref[...], targets_ref[...], index_ref[...], j * block, width,
+                        h.dtype)
+    acc_ref[...] += jax.lax.dot_general(h, d, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+    @pl.when(i == pl.num_programs(1) - 1)
+    def _():
+        index = index_ref[...]
+        numbers = numbers_ref[...]
+        one_hot = (jax.lax.broadcasted_iota(jnp.int32, (numbers.shape[1], index.shape[1]), 0) == index)
+        picked = jax.lax.dot_general(numbers, one_hot.astype(numbers.dtype), (((1,), (0,)), ((), ())),
+                                     preferred_element_type=jnp.float32)
+        out_ref[...] = jnp.where(index >= 0, picked, acc_ref[...]).astype(out_ref.dtype)
+
+
+def _hidden_grad_blocks(num_tokens: int, d_model: int, itemsize: int) -> tuple[int, int, int]:
+    """`(tokens, columns, VMEM bytes)` of `hidden_grad`: 512 columns, and the most tokens
+    that fit (the kernel is read once per token block)."""
+    columns = 512
+    for tokens in _blocks_of(num_tokens):
+        vmem = (2 * (tokens * d_model * itemsize + d_model * columns * itemsize + tokens * 2 * 128 * 4)
+                + 2 * tokens * d_model * 4 + tokens * columns * (8 + itemsize))
+        if vmem <= _VMEM_BUDGET:
+            return tokens, columns, vmem
+    raise ValueError(f"expected a d_model whose blocks fit {_VMEM_BUDGET >> 20} MiB of VMEM, got {d_model}")
+
+
+def _kernel_grad_blocks(num_tokens: int, d_model: int, numbers: int, itemsize: int) -> tuple[int, int, int]:
+    """`(tokens, columns, VMEM bytes)` of `kernel_grad`: 256 tokens, and the most columns
+    that fit (the hidden states are read once per column block)."""
+    tokens = next(t for t in _blocks_of(num_tokens) if t <= 256 or t == num_tokens)
+    for columns in (2048, 1024, 512, 256, 128):
+        vmem = (2 * (tokens * d_model * itemsize + d_model * columns * itemsize + tokens * 2 * 128 * 4)
+                + 2 * d_model * columns * itemsize + d_model * columns * 4 + tokens * columns * (8 + itemsize)
+                + 2 * d_model * numbers * itemsize)
+        if vmem <= _VMEM_BUDGET:
+            return tokens, columns, vmem
+    raise ValueError(f"expected a d_model and number tokens whose blocks fit {_VMEM_BUDGET >> 20} MiB of VMEM, "
+                     f"got d_model {d_model} and {numbers} number columns")
+
+
+def _blocks_of(num_tokens: int):
+    """Token blocks that divide `num_tokens`, largest first (all of them if none does)."""
+    blocks = [b for b in _TOKEN_BLOCKS if num_tokens % b == 0]
+    return blocks or [num_tokens]
+
+
+def _params(vmem: int):
+    """Token or column blocks in parallel, the accumulating axis last; a scoped VMEM
+    limit with room over the blocks' estimate for the compiler's own temporaries."""
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
+                                vmem_limit_bytes=int(vmem * 1.25) + (8 << 20))
+
+
+def backward(h, kernel, stats, targets, number_index, number_columns_grad, *, columns: int | None = None,
+             kernel_columns: int | None = None, out_dtype=None, interpret=False):
+    """`(d h float32 [N, D], d kernel [D, V])` of the non-number columns' logits.
+
+    h `[N, D]`, kernel `[D, V]` (one shard's columns), stats float32 `[N, 4]` (shift,
+    g_rest, g_target, g_sum per token), targets int32 `[N]` as this shard's columns
+    (any value off `[0, V)` for a target it does not own), number_index int32 `[V]`
+    (each column's index among the number tokens, -1 elsewhere), number_columns_grad
+    `[D, n]` the number tokens' columns' gradient (placed at their columns).
+    `columns` is the vocabulary block of the hidden states' gradient, `kernel_columns`
+    that of the kernel's (None: what fits `_VMEM_BUDGET`); `out_dtype` the kernel
+    gradient's (default the kernel's)."""
+    num, d_model = h.shape
+    width = kernel.shape[1]
+    dtype = jnp.result_type(h, kernel)
+    h, kernel = h.astype(dtype), kernel.astype(dtype)
+    itemsize = jnp.dtype(dtype).itemsize
+    out_dtype = kernel.dtype if out_dtype is None else out_dtype
+    targets = targets.astype(jnp.int32).reshape(num, 1)
+    index = number_index.astype(jnp.int32).reshape(1, width)
+    numbers = jnp.pad(number_columns_grad.astype(dtype), ((0, 0), (0, -number_columns_grad.shape[1] % 128)))
+    interpret = pltpu.InterpretParams() if interpret else False
+
+    tokens, chosen, vmem = _hidden_grad_blocks(num, d_model, itemsize)
+    columns = min(columns or chosen, -(-width // 128) * 128)
+    d_h = pl.pallas_call(
+        functools.partial(_hidden_grad_kernel, block=columns, width=width),
+        grid=(num // tokens, pl.cdiv(width, columns)),
+        in_specs=[pl.BlockSpec((tokens, d_model), lambda i, j: (i, 0)),
+                  pl.BlockSpec((d_model, columns), lambda i, j: (0, j)),
+                  pl.BlockSpec((tokens, 4), lambda i, j: (i, 0)),
+                  pl.BlockSpec((tokens, 1), lambda i, j: (i, 0)),
+                  pl.BlockSpec((1, columns), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec((tokens, d_model), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((num, d_model), jnp.float32),
+        compiler_params=_params(vmem),
+        interpret=interpret, name="ntl_hidden_grad",
+    )(h, kernel, stats, targets, index)
+
+    tokens, chosen, vmem = _kernel_grad_blocks(num, d_model, numbers.shape[1], itemsize)
+    kernel_columns = min(kernel_columns or chosen, -(-width // 128) * 128)
+    d_kernel = pl.pallas_call(
+        functools.partial(_kernel_grad_kernel, block=kernel_columns, width=width),
+        grid=(pl.cdiv(width, kernel_columns), num // tokens),
+        in_specs=[pl.BlockSpec((tokens, d_model), lambda j, i: (i, 0)),
+                  pl.BlockSpec((d_model, kernel_columns), lambda j, i: (0, j)),
+                  pl.BlockSpec((tokens, 4), lambda j, i: (i, 0)),
+                  pl.BlockSpec((tokens, 1), lambda j, i: (i, 0)),
+                  pl.BlockSpec((1, kernel_columns), lambda j, i: (0, j)),
+                  pl.BlockSpec(numbers.shape, lambda j, i: (0, 0))],
+        out_specs=pl.BlockSpec((d_model, kernel_columns), lambda j, i: (0, j)),
+        out_shape=jax.ShapeDtypeStruct((d_model, width), out_dtype),
+        scratch_shapes=[pltpu.VMEM((d_model, kernel_columns), jnp.float32)],
+        compiler_params=_params(vmem),
+        interpret=interpret, name="ntl_kernel_grad",
+    )(h, kernel, stats, targets, index, numbers)
+    return d_h, d_kernel

@@ -1,0 +1,140 @@
+"""The fused head's Pallas backward (`backward="pallas"`), in Pallas' interpret mode on
+the CPU, against the unfused objective and a plain product of the logits' gradient."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ntl_jax import cross_entropy_and_ntl, fused_cross_entropy_and_ntl, losses
+from ntl_jax._core import fused_pallas
+from tests import xla_flags
+from tests.objective_options import OPTIONS
+from tests.test_fused import NT, NT_WIDE, _assert_same, _inputs, _packed
+
+# The kernels' blocks are multiples of 128 columns: 69 columns are one partial block.
+_CHOSEN = ["was", "number_level", "smoothing-z", "was_cdf-gce", "dist2-smoothing", "ce"]
+
+
+def _both(hidden, kernel, targets, number_tokens=NT, **kwargs):
+    """`(loss, parts, grads)` of the unfused objective and of the fused head with the
+    Pallas backward (interpreted)."""
+    def unfused(h, k):
+        return cross_entropy_and_ntl(jnp.einsum("bld,dv->blv", h, k), targets, number_tokens, **kwargs)
+
+    def fused(h, k):
+        return fused_cross_entropy_and_ntl(h, k, targets, number_tokens, backward="pallas", **kwargs)
+
+    out = []
+    with fused_pallas.interpreted():
+        for f in (unfused, fused):
+            (loss, parts), grads = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(hidden, kernel)
+            out.append((loss, parts, grads))
+    return out
+
+
+@pytest.mark.parametrize("name", _CHOSEN)
+def test_the_pallas_backward_equals_the_unfused_objective(name):
+    hidden, kernel, targets, weights = _inputs()
+    _assert_same(*_both(hidden, kernel, targets, weights=weights, **OPTIONS[name]))
+
+
+def test_with_number_tokens_beyond_digits_and_packed_sequences():
+    hidden, kernel, targets, weights = _inputs(seed=3)
+    _assert_same(*_both(hidden, kernel, targets, number_tokens=NT_WIDE, weights=weights,
+                        number_loss=losses.was(reweigh=True), loss_normalizing_factor="AVERAGE_PER_SEQUENCE",
+                        **_packed()))
+
+
+def test_bfloat16_gradients_match_the_xla_backward():
+    # Both round the logits' gradient to bf16 before the products and the kernel's
+    # gradient once at the end: equal to a few bf16 ulps of the largest value.
+    hidden, kernel, targets, weights = _inputs(seed=5, dtype=jnp.bfloat16)
+
+    def grads(backward):
+        def f(h, k):
+            return fused_cross_entropy_and_ntl(h, k, targets, NT, weights=weights, backward=backward)[0]
+
+        return jax.grad(f, argnums=(0, 1))(hidden, kernel)
+
+    with fused_pallas.interpreted():
+        pallas = grads("pallas")
+    for a, b in zip(grads("xla"), pallas):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert a.dtype == b.dtype
+        assert np.max(np.abs(a - b)) <= 2 ** -6 * np.max(np.abs(a))
+
+
+@pytest.mark.parametrize("columns, kernel_columns", [(128, 128), (256, 384)])
+def test_the_kernels_against_the_product_of_the_logits_gradient(columns, kernel_columns):
+    # 300 columns: partial last blocks; targets off the shard's columns (-5, 304) too.
+    num, d_model, width = 64, 32, 300
+    keys = jax.random.split(jax.random.key(0), 8)
+    h = jax.random.normal(keys[0], (num, d_model))
+    kernel = jax.random.normal(keys[1], (d_model, width)) * 0.3
+    ids = jnp.array([3, 17, 128, 200, 299])
+    targets = jax.random.randint(keys[2], (num,), -5, width + 5)
+    stats = jnp.stack([jax.random.normal(keys[3], (num,)) + 3.0, jax.random.normal(keys[4], (num,)),
+                       jax.random.normal(keys[5], (num,)), 0.1 * jax.random.normal(keys[6], (num,))], axis=1)
+    index = jnp.full((width,), -1, jnp.int32).at[ids].set(jnp.arange(ids.shape[0]))
+    number_grad = jax.random.normal(keys[7], (d_model, ids.shape[0]))
+    logits = h @ kernel
+    d = (stats[:, 1:2] * jnp.exp(logits - stats[:, :1]) + stats[:, 3:4]
+         + jnp.where(jnp.arange(width)[None] == targets[:, None], stats[:, 2:3], 0.0))
+    d = jnp.where(index[None] < 0, d, 0.0)
+    d_h, d_kernel = fused_pallas.backward(h, kernel, stats, targets, index, number_grad, columns=columns,
+                                          kernel_columns=kernel_columns, interpret=True)
+    np.testing.assert_allclose(d_h, d @ kernel.T, rtol=0, atol=2e-6 * float(jnp.max(jnp.abs(d @ kernel.T))))
+    expected = (h.T @ d).at[:, ids].set(number_grad)
+    np.testing.assert_allclose(d_kernel, expected, rtol=0, atol=2e-6 * float(jnp.max(jnp.abs(expected))))
+
+
+def test_off_a_tpu_the_pallas_backward_is_refused():
+    hidden, kernel, targets, _ = _inputs()
+    with pytest.raises(ValueError, match="expected a TPU for backward='pallas'.*got cpu"):
+        fused_cross_entropy_and_ntl(hidden, kernel, targets, NT, backward="pallas")
+    with pytest.raises(ValueError, match="expected backward 'xla' or 'pallas', got 'mosaic'"):
+        fused_cross_entropy_and_ntl(hidden, kernel, targets, NT, backward="mosaic")
+
+
+SHARDED = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl
+    from ntl_jax._core import fused_pallas
+    pieces = ["<pad>", "</s>"] + [str(d) for d in range(10)] + [f"w{i}" for i in range(500)]
+    nt = NumberTokens.from_pieces(pieces)
+    rng = np.random.default_rng(0)
+    hidden = jnp.asarray(rng.normal(size=(4, 8, 16)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(16, 512)), jnp.float32)
+    targets = jnp.asarray(rng.choice(np.r_[2:12, 20, 300], size=(4, 8)), jnp.int32)
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    def loss(h, k, axis, backward):
+        return fused_cross_entropy_and_ntl(h, k, targets, nt, number_loss="was", vocab_axis=axis,
+                                           mesh=mesh if axis else None, backward=backward)[0]
+    reference = jax.value_and_grad(loss, argnums=(0, 1))(hidden, kernel, None, "xla")
+    with fused_pallas.interpreted():
+        sharded = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=(2, 3))(
+            jax.device_put(hidden, NamedSharding(mesh, P("data", None, None))),
+            jax.device_put(kernel, NamedSharding(mesh, P(None, "model"))), "model", "pallas")
+    for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(sharded)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.max(np.abs(a - b)) <= 2e-5 * np.max(np.abs(a)), np.max(np.abs(a - b))
+    print("sharded equals unsharded")
+    """
+)
+
+
+def test_vocabulary_and_batch_parallel_equals_unsharded():
+    # 4 vocabulary shards of 128 columns, tokens split over 2 (their kernel gradient is
+    # summed in float32 across them).
+    env = {**os.environ, "XLA_FLAGS": xla_flags.host_devices(8), "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sharded equals unsharded" in result.stdout
