@@ -10,8 +10,11 @@ over the rest of the vocabulary is streamed over vocabulary chunks of `[batch * 
 chunk]`, and its custom gradient recomputes each chunk's logits in
 the backward pass, writing each chunk of the kernel's gradient once (chunking over the
 vocabulary rather than the tokens needs no float32 accumulator the size of the kernel).
-From the statistics on (`head_stats.HeadStats`), the arithmetic is
-`cross_entropy_and_ntl`'s own (`objective.objective_from_head`).
+On a TPU each chunk is folded into the statistics by one reduction, which the
+compiler fuses with the chunk's product (`_one_pass`); `backward="pallas"` replaces the
+backward loop with `fused_pallas`'s two kernels. From the statistics on
+(`head_stats.HeadStats`), the arithmetic is `cross_entropy_and_ntl`'s own
+(`objective.objective_from_head`).
 
 With the kernel's columns sharded over a mesh axis (`vocab_axis`), each device streams
 its own columns under `jax.shard_map` and the per-token statistics are combined across
