@@ -138,3 +138,17 @@ def test_vocabulary_and_batch_parallel_equals_unsharded():
     result = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sharded equals unsharded" in result.stdout
+
+
+def test_blocks_fit_the_vmem_budget_or_the_error_says_what_did_not():
+    # Qwen3-0.6B's head in bf16: 1,024 tokens x 512 columns, 256 tokens x 2,048 columns.
+    assert fused_pallas._hidden_grad_blocks(8192, 1024, 2)[:2] == (1024, 512)
+    assert fused_pallas._kernel_grad_blocks(8192, 1024, 128, 2)[:2] == (256, 2048)
+    assert fused_pallas._kernel_grad_blocks(1024, 1024, 128, 2)[:2] == (256, 2048)
+    # Llama-3's head with its 1,110 number tokens (padded to 1,152) in bf16 fits ...
+    for blocks in (fused_pallas._hidden_grad_blocks(8192, 4096, 2),
+                   fused_pallas._kernel_grad_blocks(8192, 4096, 1152, 2)):
+        assert blocks[2] <= fused_pallas._VMEM_BUDGET
+    # ... in float32 the number columns' gradient alone takes 36 MiB.
+    with pytest.raises(ValueError, match="blocks fit 40 MiB of VMEM, got d_model 4096 and 1152 number columns"):
+        fused_pallas._kernel_grad_blocks(8192, 4096, 1152, 4)

@@ -127,18 +127,20 @@ def test_the_target_picked_in_the_loop_is_the_gathered_one(offset):
     np.testing.assert_allclose(outs[0][1], expected, rtol=1e-5, atol=1e-5)
 
 
-def test_the_pallas_backward_compiles_for_the_chip(chip):
+@pytest.mark.parametrize("dtype, table", [(jnp.bfloat16, "llama3"), (jnp.float32, "digits")], ids=["bf16", "f32"])
+def test_the_pallas_backward_compiles_for_the_chip(chip, dtype, table):
     # Two Mosaic kernels for the backward pass, with blocks that fit their scoped VMEM
-    # (the compiler refuses a kernel that does not), at the 1,110-token table.
-    nt = vocabularies.llama3_number_tokens(V)
+    # (the compiler refuses a kernel that does not): in bf16 at the 1,110-token table, in
+    # float32 (the number columns picked at full precision) at the digits.
+    nt = vocabularies.llama3_number_tokens(V) if table == "llama3" else tpu_cost.number_tokens("t5")
 
     def loss(hidden, kernel, targets):
         return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, ntl_weight=0.3, label_smoothing=0.1,
                                                    backward="pallas")[0]
 
     sharding = jax.sharding.SingleDeviceSharding(chip)
-    args = (jax.ShapeDtypeStruct((1, TOKENS, D), jnp.bfloat16, sharding=sharding),
-            jax.ShapeDtypeStruct((D, V), jnp.bfloat16, sharding=sharding),
+    args = (jax.ShapeDtypeStruct((1, TOKENS, D), dtype, sharding=sharding),
+            jax.ShapeDtypeStruct((D, V), dtype, sharding=sharding),
             jax.ShapeDtypeStruct((1, TOKENS), jnp.int32, sharding=sharding))
     with fused.compiling_for(chip.device_kind):
         compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*args).compile()

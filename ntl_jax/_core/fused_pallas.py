@@ -30,7 +30,7 @@ from jax.experimental.pallas import tpu as pltpu
 # Per-token statistics travel as the columns of one float32 `[tokens, 4]` operand.
 _SHIFT, _G_REST, _G_TARGET, _G_SUM = range(4)
 _TOKEN_BLOCKS = (1024, 512, 256, 128, 64, 32, 16, 8)
-# What each kernel's blocks may take of VMEM (a v5e's is 128 MiB, a v5p's 95 MiB).
+# What each kernel's blocks may take of VMEM (a v5e and a v5p compile them within it).
 _VMEM_BUDGET = 40 << 20
 _interpreting: list[bool] = []
 
@@ -51,8 +51,8 @@ def interpreting() -> bool:
 
 
 def _logits_grad(h, kernel_block, stats, targets, number_index, first_column, width, dtype):
-    """`(d logits, valid)` of one `[tokens, columns]` tile, `d logits` in `dtype`, and
-    the kernel block with the columns past `width` (a partial last block's) zeroed."""
+    """`(d logits, kernel block)` of one `[tokens, columns]` tile: `d logits` in `dtype`,
+    and the kernel block with the columns past `width` (a partial last block's) zeroed."""
     columns = first_column + jax.lax.broadcasted_iota(jnp.int32, (1, kernel_block.shape[1]), 1)
     valid = columns < width
     kernel_block = jnp.where(valid, kernel_block, jnp.zeros((), kernel_block.dtype))
@@ -95,8 +95,11 @@ def _kernel_grad_kernel(h_ref, kernel_ref, stats_ref, targets_ref, index_ref, nu
         index = index_ref[...]
         numbers = numbers_ref[...]
         one_hot = (jax.lax.broadcasted_iota(jnp.int32, (numbers.shape[1], index.shape[1]), 0) == index)
+        # A one-hot product picks each number column's gradient exactly (float32 operands
+        # at full precision; Mosaic takes that precision for float32 only).
+        precision = jax.lax.Precision.HIGHEST if numbers.dtype == jnp.float32 else None
         picked = jax.lax.dot_general(numbers, one_hot.astype(numbers.dtype), (((1,), (0,)), ((), ())),
-                                     preferred_element_type=jnp.float32)
+                                     precision=precision, preferred_element_type=jnp.float32)
         out_ref[...] = jnp.where(index >= 0, picked, acc_ref[...]).astype(out_ref.dtype)
 
 
@@ -115,7 +118,8 @@ def _hidden_grad_blocks(num_tokens: int, d_model: int, itemsize: int) -> tuple[i
 def _kernel_grad_blocks(num_tokens: int, d_model: int, numbers: int, itemsize: int) -> tuple[int, int, int]:
     """`(tokens, columns, VMEM bytes)` of `kernel_grad`: 256 tokens, and the most columns
     that fit (the hidden states are read once per column block)."""
-    tokens = next(t for t in _blocks_of(num_tokens) if t <= 256 or t == num_tokens)
+    blocks = _blocks_of(num_tokens)
+    tokens = next((t for t in blocks if t <= 256), blocks[-1])
     for columns in (2048, 1024, 512, 256, 128):
         vmem = (2 * (tokens * d_model * itemsize + d_model * columns * itemsize + tokens * 2 * 128 * 4)
                 + 2 * d_model * columns * itemsize + d_model * columns * 4 + tokens * columns * (8 + itemsize)
