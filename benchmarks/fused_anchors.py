@@ -600,7 +600,7 @@ def targeting(device, interpret=False):
     interpret mode (CPU checks)."""
     import jax
 
-    from ntl_jax._core import fused, fused_pallas
+    from ntl_jax._core import fused
 
     saved = (_Target.backend, _Target.devices, _PALLAS["interpret"])
     _Target.backend = "tpu" if (device.platform == "tpu" or interpret) else device.platform
@@ -611,7 +611,7 @@ def targeting(device, interpret=False):
             stack.enter_context(jax.default_device(device))
             stack.enter_context(fused.compiling_for(device.device_kind))
             if interpret:
-                stack.enter_context(fused_pallas.interpreted())
+                stack.enter_context(fused.pallas_interpreted())
             yield
     finally:
         _Target.backend, _Target.devices, _PALLAS["interpret"] = saved
@@ -705,7 +705,7 @@ def _ours_ntl_check(impl, h, k, t, vocab, ref_l):
     import ntl_jax
 
     table = "llama3" if "llama3" in impl.name else "digits"
-    backward = "pallas" if "Pallas" in impl.name else "xla"
+    backward = "pallas" if impl.pallas else "xla"
     nt = (_llama3 if table == "llama3" else _digits)(vocab)
     n = float(h.shape[0])
     h3, t2 = h[None], t[None]

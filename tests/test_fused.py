@@ -46,12 +46,15 @@ def _packed():
     return {"decoder_segment_ids": jnp.asarray(segment_ids), "decoder_positions": jnp.asarray(positions)}
 
 
-def _both(hidden, kernel, targets, number_tokens=NT, chunk_size=7, **kwargs):
+def _both(hidden, kernel, targets, number_tokens=NT, chunk_size=7, fused_only=None, **kwargs):
+    """`(loss, parts, grads)` of the unfused objective and of the fused head, which also
+    takes `fused_only` (a dict of its own arguments)."""
     def unfused(h, k):
         return cross_entropy_and_ntl(jnp.einsum("bld,dv->blv", h, k), targets, number_tokens, **kwargs)
 
     def fused(h, k):
-        return fused_cross_entropy_and_ntl(h, k, targets, number_tokens, chunk_size=chunk_size, **kwargs)
+        return fused_cross_entropy_and_ntl(h, k, targets, number_tokens, chunk_size=chunk_size,
+                                           **(fused_only or {}), **kwargs)
 
     out = []
     for f in (unfused, fused):
@@ -265,11 +268,16 @@ SHARDED = textwrap.dedent(
 )
 
 
-def test_sharded_on_batch_and_vocabulary_equals_unsharded():
+def run_on_eight_cpu_devices(script: str, timeout: int = 300) -> str:
+    """The stdout of `script` run in a process with 8 host CPU devices (it must succeed)."""
     env = {**os.environ, "XLA_FLAGS": xla_flags.host_devices(8), "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "sharded equals unsharded" in result.stdout
+    return result.stdout
+
+
+def test_sharded_on_batch_and_vocabulary_equals_unsharded():
+    assert "sharded equals unsharded" in run_on_eight_cpu_devices(SHARDED)
 
 
 def test_the_top_token_is_the_argmax_of_the_logits():

@@ -1,9 +1,6 @@
 """The fused head's Pallas backward (`backward="pallas"`), in Pallas' interpret mode on
 the CPU, against the unfused objective and a plain product of the logits' gradient."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -11,31 +8,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ntl_jax import cross_entropy_and_ntl, fused_cross_entropy_and_ntl, losses
-from ntl_jax._core import fused_pallas
-from tests import xla_flags
+from ntl_jax import fused_cross_entropy_and_ntl, losses
+from ntl_jax._core import fused, fused_pallas
+from tests import test_fused
 from tests.objective_options import OPTIONS
-from tests.test_fused import NT, NT_WIDE, _assert_same, _inputs, _packed
+from tests.test_fused import NT, NT_WIDE, _assert_same, _inputs, _packed, run_on_eight_cpu_devices
 
 # The kernels' blocks are multiples of 128 columns: 69 columns are one partial block.
 _CHOSEN = ["was", "number_level", "smoothing-z", "was_cdf-gce", "dist2-smoothing", "ce"]
 
 
-def _both(hidden, kernel, targets, number_tokens=NT, **kwargs):
-    """`(loss, parts, grads)` of the unfused objective and of the fused head with the
-    Pallas backward (interpreted)."""
-    def unfused(h, k):
-        return cross_entropy_and_ntl(jnp.einsum("bld,dv->blv", h, k), targets, number_tokens, **kwargs)
-
-    def fused(h, k):
-        return fused_cross_entropy_and_ntl(h, k, targets, number_tokens, backward="pallas", **kwargs)
-
-    out = []
-    with fused_pallas.interpreted():
-        for f in (unfused, fused):
-            (loss, parts), grads = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(hidden, kernel)
-            out.append((loss, parts, grads))
-    return out
+def _both(hidden, kernel, targets, **kwargs):
+    """`test_fused._both` with the Pallas backward, interpreted."""
+    with fused.pallas_interpreted():
+        return test_fused._both(hidden, kernel, targets, fused_only={"backward": "pallas"}, **kwargs)
 
 
 @pytest.mark.parametrize("name", _CHOSEN)
@@ -62,7 +48,7 @@ def test_bfloat16_gradients_match_the_xla_backward():
 
         return jax.grad(f, argnums=(0, 1))(hidden, kernel)
 
-    with fused_pallas.interpreted():
+    with fused.pallas_interpreted():
         pallas = grads("pallas")
     for a, b in zip(grads("xla"), pallas):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -107,7 +93,7 @@ SHARDED = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl
-    from ntl_jax._core import fused_pallas
+    from ntl_jax._core import fused
     pieces = ["<pad>", "</s>"] + [str(d) for d in range(10)] + [f"w{i}" for i in range(500)]
     nt = NumberTokens.from_pieces(pieces)
     rng = np.random.default_rng(0)
@@ -119,7 +105,7 @@ SHARDED = textwrap.dedent(
         return fused_cross_entropy_and_ntl(h, k, targets, nt, number_loss="was", vocab_axis=axis,
                                            mesh=mesh if axis else None, backward=backward)[0]
     reference = jax.value_and_grad(loss, argnums=(0, 1))(hidden, kernel, None, "xla")
-    with fused_pallas.interpreted():
+    with fused.pallas_interpreted():
         sharded = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=(2, 3))(
             jax.device_put(hidden, NamedSharding(mesh, P("data", None, None))),
             jax.device_put(kernel, NamedSharding(mesh, P(None, "model"))), "model", "pallas")
@@ -134,10 +120,7 @@ SHARDED = textwrap.dedent(
 def test_vocabulary_and_batch_parallel_equals_unsharded():
     # 4 vocabulary shards of 128 columns, tokens split over 2 (their kernel gradient is
     # summed in float32 across them).
-    env = {**os.environ, "XLA_FLAGS": xla_flags.host_devices(8), "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "sharded equals unsharded" in result.stdout
+    assert "sharded equals unsharded" in run_on_eight_cpu_devices(SHARDED, timeout=600)
 
 
 def test_blocks_fit_the_vmem_budget_or_the_error_says_what_did_not():

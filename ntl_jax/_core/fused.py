@@ -47,6 +47,7 @@ _CHUNK_ELEMENTS = 1 << 23
 _WIDE_CHUNK_ELEMENTS = 1 << 27
 _ON_CHIP_BYTES = {"TPU v5 lite": 112 << 20}
 _compiling_for: list[str] = []
+_pallas_interpreted: list[bool] = []
 # Up to this many number tokens a column is compared with each (a search costs more).
 _COMPARED_IDS = 128
 
@@ -89,6 +90,18 @@ def compiling_for(device_kind: str):
         yield
     finally:
         _compiling_for.pop()
+
+
+@contextlib.contextmanager
+def pallas_interpreted():
+    """Inside the block, `backward="pallas"` runs its kernels in Pallas' interpret mode
+    off a TPU (tests, and checks against the reference on the CPU); outside it they are
+    for a TPU only."""
+    _pallas_interpreted.append(True)
+    try:
+        yield
+    finally:
+        _pallas_interpreted.pop()
 
 
 def _dot(a, b, contract):
@@ -306,7 +319,7 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     d_h_numbers = _dot(d_numbers, _columns(kernel, jnp.minimum(local_ids, width - 1)), ((1,), (0,)))
     d_number_columns = _dot(h, d_numbers, ((0,), (0,)))
     if backward == "pallas":
-        return _pallas_grads(h, kernel, targets - offset, local_ids, shift, cotangents, d_h_numbers,
+        return _pallas_grads(h, kernel, targets - offset, local_ids, shift, cotangents, with_sum, d_h_numbers,
                              d_number_columns, batch_axes)
     if batch_axes:
         d_number_columns = jax.lax.psum(d_number_columns, batch_axes)
@@ -345,8 +358,8 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     return jax.lax.fori_loop(0, -(-width // chunk), body, carry)
 
 
-def _pallas_grads(h, kernel, local_targets, local_ids, shift, cotangents, d_h_numbers, d_number_columns,
-                  batch_axes):
+def _pallas_grads(h, kernel, local_targets, local_ids, shift, cotangents, with_sum, d_h_numbers,
+                  d_number_columns, batch_axes):
     """`_local_grads` by `fused_pallas.backward`; with `batch_axes` its float32 kernel
     gradient (this device's tokens' share, number columns included) is summed over the
     token shards before it is rounded."""
@@ -354,12 +367,12 @@ def _pallas_grads(h, kernel, local_targets, local_ids, shift, cotangents, d_h_nu
 
     g_rest, g_target, g_sum, _ = cotangents
     width = kernel.shape[1]
-    g_sum = jnp.zeros_like(g_rest) if g_sum is None else g_sum
+    g_sum = g_sum if with_sum else jnp.zeros_like(g_rest)  # as the XLA loop adds it only with a sum
     stats = jnp.stack([shift[:, 0], g_rest, g_target, g_sum], axis=1).astype(jnp.float32)
     index = _number_index(jnp.arange(width), local_ids)
     d_h, d_kernel = fused_pallas.backward(
         h, kernel, stats, local_targets, index, d_number_columns.astype(kernel.dtype),
-        out_dtype=jnp.float32 if batch_axes else kernel.dtype, interpret=fused_pallas.interpreting())
+        out_dtype=jnp.float32 if batch_axes else kernel.dtype, interpret=bool(_pallas_interpreted))
     if batch_axes:
         d_kernel = jax.lax.psum(d_kernel, batch_axes).astype(kernel.dtype)
     return d_h_numbers + d_h, d_kernel
@@ -396,14 +409,6 @@ def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards,
             out_specs=(tokens, tokens, tokens, rows, tokens), check_vma=False,
         )(h, kernel, targets, ids)
     return out, (h, kernel, targets, ids, out[0])
-
-
-def _pallas_interpreted() -> bool:
-    """Whether `fused_pallas.interpreted()` is on (without importing Pallas if not)."""
-    import sys
-
-    module = sys.modules.get("ntl_jax._core.fused_pallas")
-    return module is not None and module.interpreting()
 
 
 def _tokens(h):
@@ -454,7 +459,7 @@ def head_stats_from_hidden(hidden, kernel, target: NumberTarget, number_tokens: 
     """
     if backward not in ("xla", "pallas"):
         raise ValueError(f"expected backward 'xla' or 'pallas', got {backward!r}")
-    if backward == "pallas" and not (_on_tpu() or _pallas_interpreted()):
+    if backward == "pallas" and not (_on_tpu() or _pallas_interpreted):
         raise ValueError(f"expected a TPU for backward='pallas' (its kernels are TPU kernels), "
                          f"got {_device_kind() or jax.default_backend()}")
     dtype = jnp.result_type(hidden, kernel)

@@ -19,7 +19,6 @@ operands' dtype before the products as the unfused path does.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
@@ -32,22 +31,6 @@ _SHIFT, _G_REST, _G_TARGET, _G_SUM = range(4)
 _TOKEN_BLOCKS = (1024, 512, 256, 128, 64, 32, 16, 8)
 # What each kernel's blocks may take of VMEM (a v5e and a v5p compile them within it).
 _VMEM_BUDGET = 40 << 20
-_interpreting: list[bool] = []
-
-
-@contextlib.contextmanager
-def interpreted():
-    """Inside the block, the kernels run in Pallas' interpret mode off a TPU (tests, and
-    checks against the reference on the CPU); outside it they are for a TPU only."""
-    _interpreting.append(True)
-    try:
-        yield
-    finally:
-        _interpreting.pop()
-
-
-def interpreting() -> bool:
-    return bool(_interpreting)
 
 
 def _logits_grad(h, kernel_block, stats, targets, number_index, first_column, width, dtype):
@@ -108,8 +91,7 @@ def _hidden_grad_blocks(num_tokens: int, d_model: int, itemsize: int) -> tuple[i
     that fit (the kernel is read once per token block)."""
     columns = 512
     for tokens in _blocks_of(num_tokens):
-        vmem = (2 * (tokens * d_model * itemsize + d_model * columns * itemsize + tokens * 2 * 128 * 4)
-                + 2 * tokens * d_model * 4 + tokens * columns * (8 + itemsize))
+        vmem = _tile_vmem(tokens, columns, d_model, itemsize) + 2 * tokens * d_model * 4
         if vmem <= _VMEM_BUDGET:
             return tokens, columns, vmem
     raise ValueError(f"expected a d_model whose blocks fit {_VMEM_BUDGET >> 20} MiB of VMEM, got {d_model}")
@@ -121,13 +103,20 @@ def _kernel_grad_blocks(num_tokens: int, d_model: int, numbers: int, itemsize: i
     blocks = _blocks_of(num_tokens)
     tokens = next((t for t in blocks if t <= 256), blocks[-1])
     for columns in (2048, 1024, 512, 256, 128):
-        vmem = (2 * (tokens * d_model * itemsize + d_model * columns * itemsize + tokens * 2 * 128 * 4)
-                + 2 * d_model * columns * itemsize + d_model * columns * 4 + tokens * columns * (8 + itemsize)
-                + 2 * d_model * numbers * itemsize)
+        vmem = (_tile_vmem(tokens, columns, d_model, itemsize) + 2 * d_model * columns * itemsize
+                + d_model * columns * 4 + 2 * d_model * numbers * itemsize)
         if vmem <= _VMEM_BUDGET:
             return tokens, columns, vmem
     raise ValueError(f"expected a d_model and number tokens whose blocks fit {_VMEM_BUDGET >> 20} MiB of VMEM, "
                      f"got d_model {d_model} and {numbers} number columns")
+
+
+def _tile_vmem(tokens: int, columns: int, d_model: int, itemsize: int) -> int:
+    """VMEM both kernels take per grid step besides their outputs: the double-buffered
+    blocks of `h`, the kernel and the per-token statistics and targets (each a 128-lane
+    row), and the tile's float32 logits, their gradient and its rounded copy."""
+    return (2 * (tokens * d_model * itemsize + d_model * columns * itemsize + tokens * 2 * 128 * 4)
+            + tokens * columns * (8 + itemsize))
 
 
 def _blocks_of(num_tokens: int):
