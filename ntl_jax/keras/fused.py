@@ -21,22 +21,7 @@ from ntl_jax._core.objective import fused_cross_entropy_and_ntl
 from ntl_jax.keras import labels
 from ntl_jax.keras.backend import require_jax_backend
 from ntl_jax.keras.loss import NumberTokenLoss, loss_normalizing_factor
-
-
-class _Mean(keras.metrics.Metric):
-    """`total / count` of sums handed to it (the objective's parts)."""
-
-    def __init__(self, name):
-        super().__init__(name=name)
-        self.total = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="total")
-        self.count = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="count")
-
-    def update_state(self, total, count):
-        self.total.assign_add(total)
-        self.count.assign_add(count)
-
-    def result(self):
-        return ops.divide_no_nan(self.total, self.count)
+from ntl_jax.keras.metrics import SumsMean
 
 
 def output_kernel(backbone):
@@ -85,7 +70,7 @@ class FusedNumberTokenLossModel(keras.Model):
         self.causal_lm = causal_lm
         self.number_token_loss = loss
         self.chunk_size = chunk_size
-        self.ntl_tracker = _Mean("ntl")
+        self.ntl_tracker = SumsMean("ntl")
 
     def call(self, inputs, training=False):
         return self.causal_lm.backbone(inputs, training=training)
@@ -95,10 +80,9 @@ class FusedNumberTokenLossModel(keras.Model):
         targets, weights = labels.token_ids(y, sample_weight, loss_fn.ignore_class)
         kernel = output_kernel(self.causal_lm.backbone)
         loss, parts = fused_cross_entropy_and_ntl(
-            y_pred, kernel, targets, loss_fn.number_tokens, weights=weights, number_loss=loss_fn.number_loss,
-            ntl_weight=loss_fn.ntl_weight, label_smoothing=loss_fn.label_smoothing, z_loss=loss_fn.z_loss,
-            gce_sigma=loss_fn.gce_sigma, chunk_size=self.chunk_size,
-            loss_normalizing_factor=loss_normalizing_factor(loss_fn.reduction, targets.shape, sample_weight))
+            y_pred, kernel, targets, loss_fn.number_tokens, weights=weights, chunk_size=self.chunk_size,
+            loss_normalizing_factor=loss_normalizing_factor(loss_fn.reduction, targets.shape, sample_weight),
+            **loss_fn.objective_options())
         loss = labels.checked(loss, targets, ops.shape(kernel)[1])
         if loss_fn.number_loss is not None:
             self.ntl_tracker.update_state(parts["ntl"] * parts["ntl_weight_sum"], parts["ntl_weight_sum"])

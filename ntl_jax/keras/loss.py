@@ -122,11 +122,14 @@ class NumberTokenLoss(keras.losses.Loss):
         logits = jnp.asarray(y_pred)
         targets, weights = labels.token_ids(y_true, sample_weight, self.ignore_class)
         factor = loss_normalizing_factor(self.reduction, targets.shape, sample_weight)
-        loss, parts = cross_entropy_and_ntl(
-            logits, targets, self.number_tokens, weights=weights, number_loss=self.number_loss,
-            ntl_weight=self.ntl_weight, label_smoothing=self.label_smoothing, z_loss=self.z_loss,
-            gce_sigma=self.gce_sigma, loss_normalizing_factor=factor)
+        loss, parts = cross_entropy_and_ntl(logits, targets, self.number_tokens, weights=weights,
+                                            loss_normalizing_factor=factor, **self.objective_options())
         return labels.checked(loss, targets, logits.shape[-1]), parts
+
+    def objective_options(self) -> dict:
+        """The objective's arguments this loss sets (the fused model passes the same)."""
+        return {"number_loss": self.number_loss, "ntl_weight": self.ntl_weight,
+                "label_smoothing": self.label_smoothing, "z_loss": self.z_loss, "gce_sigma": self.gce_sigma}
 
     def get_config(self):
         return {

@@ -32,15 +32,29 @@ from ntl_jax.keras.loss import number_loss_spec
 from ntl_jax.keras.tokens import number_tokens_config, resolve_number_tokens
 
 
-class _NumberTargetMean(keras.metrics.Metric):
+class SumsMean(keras.metrics.Metric):
+    """`total / count` of the sums handed to `update_state` (0 before any count)."""
+
+    def __init__(self, name: str, dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        self.total = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="count")
+
+    def update_state(self, total, count):
+        self.total.assign_add(total)
+        self.count.assign_add(count)
+
+    def result(self):
+        return keras.ops.divide_no_nan(self.total, self.count)
+
+
+class _NumberTargetMean(SumsMean):
     """The mean of a per-batch sum over the number targets: `total / count`."""
 
     def __init__(self, number_tokens: Any, *, name: str, dtype=None):
         require_jax_backend(f"ntl_jax.keras.{type(self).__name__}")
         super().__init__(name=name, dtype=dtype)
         self.number_tokens = resolve_number_tokens(number_tokens)
-        self.total = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="total")
-        self.count = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="count")
 
     def sums(self, logits, targets, weights):
         """`(total, count)` of one batch."""
@@ -55,12 +69,7 @@ class _NumberTargetMean(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         targets, weights = labels.token_ids(y_true, sample_weight, None)
-        total, count = self.sums(jnp.asarray(y_pred), targets, weights)
-        self.total.assign_add(total)
-        self.count.assign_add(count)
-
-    def result(self):
-        return keras.ops.divide_no_nan(self.total, self.count)  # 0 before any number target
+        super().update_state(*self.sums(jnp.asarray(y_pred), targets, weights))
 
     def get_config(self):
         return {"name": self.name, "dtype": self.dtype, "number_tokens": number_tokens_config(self.number_tokens)}
