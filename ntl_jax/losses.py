@@ -7,24 +7,32 @@ A constructor takes that loss's own parameters, checks them, and returns a
     loss, parts = ntl_jax.cross_entropy_and_ntl(
         logits, targets, number_tokens, number_loss=ntl_jax.losses.was(squash_factor=2.0))
 
-A loss of your own is a `NumberLoss` built from a function of the number statistics
-(docs/guides/losses.md), and goes everywhere a shipped one does.
+A loss of your own is one line (`expectation("squared", lambda v, y: (v - y) ** 2)`,
+`of_expected_value(...)`) or a full `NumberLoss` (docs/guides/losses.md); once
+`register`ed it goes everywhere a shipped one does, spec strings included.
 """
 
 from ntl_jax._core.number_stats import Columns, NumberReads, NumberStats, expected_value, of_logits
 from ntl_jax._core.targets import NumberTarget
 from ntl_jax._core.variants import (
+    COMBINES,
+    DEFAULT,
+    DEFAULT_WEIGHT,
     LOSSES,
     NAMES,
     NumberLoss,
     digit_entropy,
+    distance_table,
     dist2,
+    expectation,
     expected_value_loss,
     huber,
     mae,
     mse,
     number_level,
+    of_expected_value,
     parse,
+    register,
     resolve,
     smmd,
     was,
@@ -32,6 +40,9 @@ from ntl_jax._core.variants import (
 )
 
 __all__ = [
+    "COMBINES",
+    "DEFAULT",
+    "DEFAULT_WEIGHT",
     "LOSSES",
     "NAMES",
     "Columns",
@@ -40,15 +51,19 @@ __all__ = [
     "NumberStats",
     "NumberTarget",
     "digit_entropy",
+    "distance_table",
     "dist2",
+    "expectation",
     "expected_value",
     "expected_value_loss",
     "huber",
     "mae",
     "mse",
     "number_level",
+    "of_expected_value",
     "of_logits",
     "parse",
+    "register",
     "resolve",
     "smmd",
     "was",

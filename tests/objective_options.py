@@ -19,7 +19,7 @@ def _squared_distance(columns, target, number_tokens):  # a function of each num
 # shipped loss goes.
 SQUARED_DISTANCE = losses.NumberLoss(
     "squared_distance", losses.NumberReads(means=(_squared_distance,)),
-    lambda stats, target, number_tokens: (stats.means[_squared_distance], target.is_number))
+    lambda stats, target, number_tokens: (stats.means[0], target.is_number))
 
 OPTIONS = {
     "was": dict(number_loss="was"),

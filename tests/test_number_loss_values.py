@@ -135,7 +135,7 @@ OFF_DEFAULTS = [
 ]
 
 
-@pytest.mark.parametrize("loss", AT_DEFAULTS + OFF_DEFAULTS, ids=lambda loss: loss.spec)
+@pytest.mark.parametrize("loss", AT_DEFAULTS + OFF_DEFAULTS, ids=repr)
 def test_parse_reads_back_every_spec(loss):
     assert losses.parse(loss.spec) is loss
     assert losses.resolve(loss.spec) is loss
@@ -397,7 +397,7 @@ def _assert_gradient(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("number_loss", [SQUARED_DISTANCE, REWEIGHED], ids=lambda loss: loss.spec)
+@pytest.mark.parametrize("number_loss", [SQUARED_DISTANCE, REWEIGHED], ids=repr)
 def test_a_loss_of_your_own_through_number_token_loss(number_loss, formulation):
     logits, targets, weights = inputs(seed=1)
     per_position, counted, grad = reference(logits, targets, weights, reweigh=number_loss.reweigh)
@@ -415,7 +415,7 @@ def test_a_loss_of_your_own_through_number_token_loss(number_loss, formulation):
 
 
 @pytest.mark.parametrize("factor", [None, 7.0])
-@pytest.mark.parametrize("number_loss", [SQUARED_DISTANCE, REWEIGHED], ids=lambda loss: loss.spec)
+@pytest.mark.parametrize("number_loss", [SQUARED_DISTANCE, REWEIGHED], ids=repr)
 def test_a_loss_of_your_own_through_the_objective(number_loss, factor, formulation):
     logits, targets, weights = inputs(seed=2)
     want, ce, ntl, ntl_weight_sum, want_grad = objective_reference(

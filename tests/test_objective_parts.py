@@ -217,7 +217,8 @@ def test_a_users_loss_alone_equals_its_reference():
     mean = ntl_jax.ntl_from_number_logits(LOGITS[..., DIGITS], TARGETS, NT, number_loss=SQUARED_DISTANCE,
                                           reduction="mean")
     np.testing.assert_allclose(float(mean), (want[0, 0] + want[1, 0]) / 2, rtol=1e-5)
-    assert SQUARED_DISTANCE.spec == "squared_distance"
+    with pytest.raises(ValueError, match=r"no spec that parse reads back .*losses.register"):
+        SQUARED_DISTANCE.spec  # never recorded as a spec parse would refuse
     with pytest.raises(ValueError, match="expected reweigh=False"):
         losses.NumberLoss("squared_distance", SQUARED_DISTANCE.reads, SQUARED_DISTANCE.loss, reweigh=True)
 

@@ -120,6 +120,12 @@ class NumberStats(NamedTuple):
     def log_normalizer(self):
         return self.shift + jnp.log(self.exp_sum)
 
+    def read(self, reads: NumberReads) -> NumberStats:
+        """These statistics as one loss reads them: `means` and `sums` as tuples, in the
+        order its `reads` names the functions."""
+        return self._replace(means=tuple(self.means[f] for f in reads.means),
+                             sums=tuple(self.sums[w] for w in reads.sums))
+
 
 @contextlib.contextmanager
 def forced_formulation(formulation: str):

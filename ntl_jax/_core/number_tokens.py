@@ -287,11 +287,12 @@ class NumberTokens:
             return jnp.asarray(table, dtype)[jnp.asarray(self.ids)]
         return jnp.asarray(np.asarray(table)[np.asarray(self.ids)], dtype)
 
-    def distance_table(self) -> jax.Array:
-        """`[N, N]` float32 table of |v_i - v_j| (ntloss's `dist_lookup`; `ntl_jax.losses.was`
-        may rescale it)."""
-        v = jnp.asarray(self.number_values, jnp.float32)
-        return jnp.abs(v[:, None] - v[None, :])
+    def distance_table(self, squash_factor: float | None = None) -> jax.Array:
+        """`[N, N]` float32 table of |v_i - v_j| (ntloss's `dist_lookup`), squashed with
+        `squash_factor` as `ntl_jax.losses.was` charges it (`ntl_jax.losses.distance_table`)."""
+        from ntl_jax._core import variants  # the losses' module reads this one
+
+        return variants.distance_table(self, squash_factor=squash_factor)
 
     def __repr__(self) -> str:
         return (

@@ -42,24 +42,34 @@ _REWEIGH_MARGIN = 1.01
 _STATIC_PERMUTATION_MAX = 64
 
 
+# How a number loss's term joins the cross-entropy (`NumberLoss.combine`): "add" adds
+# `weight * loss`; "scale_to_ce" adds `weight * stop_gradient(CE / loss) * loss`, whose
+# value is `weight * CE` and whose gradient is the loss's, rescaled (NTIL's rule).
+COMBINES = ("add", "scale_to_ce")
+# The weight λ in CE + λ·loss when none is given: the paper's.
+DEFAULT_WEIGHT = 0.3
+# The number loss an entry point takes when none is named: the paper's NTL-WAS.
+DEFAULT = "was"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class NumberLoss:
     """A number loss with its parameters: what every entry point takes as `number_loss`.
 
-    Build one with a constructor (`was(squash_factor=2.0)`, `smmd(mode="mmd")`, ...), or
-    write one: a `loss(stats, target, number_tokens) -> (loss, counted)` (each
-    `[batch, length]`) reading the statistics `reads` names (docs/guides/losses.md).
+    Build one with a constructor (`was(squash_factor=2.0)`), a one-liner (`expectation`,
+    `of_expected_value`), or in full: `loss(stats, target, number_tokens) -> (loss,
+    counted)`, each `[batch, length]`, reading `stats.means[k]` / `stats.sums[k]` in the
+    order `reads` names them (docs/guides/losses.md). `register` gives it a spec.
 
-    - `name`: its name in a spec (`"was"`);
-    - `reads`: what `loss` reads of the number tokens' logits (`NumberReads`);
-    - `loss`: the per-position loss and the positions it counts;
-    - `reference(z, target, number_tokens)`: the same from the number tokens' logits `z`
-      `[batch, length, N]`, written plainly (the tests' oracle), or None;
-    - `ceiling(number_tokens)`: the largest value it takes, or None (unbounded);
-    - `reweigh`: ntloss's `reweigh`, `loss * m + 1.01 * ceiling * (1 - m)` with `m` the
-      full-vocabulary probability on the number tokens (only with a ceiling);
-    - `params`: `(name, value)` pairs of its constructor's arguments off their defaults;
-    - `check_table(number_tokens)`: raises for a table the loss cannot score, or None.
+    What an integration may know of a loss is here: `name` and `spec`; `label`, the name
+    runs and tables show (`name` when None); `across_positions`, whether its loss at a
+    position reads other positions' targets; `default_weight`, λ when none is given;
+    `combine`, how its term joins CE (`COMBINES`); `with_label_width(sigma)`, the loss
+    against GCE's label of width sigma, where it has one (else None). The rest:
+    `reference(z, target, number_tokens)`, the formula on the number columns (the tests'
+    oracle); `ceiling(number_tokens)`, its largest value, for `reweigh` (ntloss's
+    `loss * m + 1.01 * ceiling * (1 - m)`); `params`, its constructor's arguments off
+    their defaults; `check_table(number_tokens)`, raising for a table it cannot score.
     """
 
     name: str
@@ -70,27 +80,54 @@ class NumberLoss:
     reweigh: bool = False
     params: tuple = ()
     check_table: Callable | None = None
+    label: str | None = None
+    across_positions: bool = False
+    default_weight: float = DEFAULT_WEIGHT
+    combine: str = "add"
+    with_label_width: Callable | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"expected a NumberLoss's name to be a non-empty str, got {self.name!r}")
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise TypeError(f"expected a NumberLoss's name to be a word (letters, digits, _), got {self.name!r}")
         if not isinstance(self.reads, NumberReads):
             raise TypeError(f"number loss {self.name!r}: expected reads to be a NumberReads, "
                             f"got {type(self.reads).__name__}")
         if not callable(self.loss):
             raise TypeError(f"number loss {self.name!r}: expected loss to be a function, got {self.loss!r}")
         _check_bool(self.name, "reweigh", self.reweigh)
+        _check_bool(self.name, "across_positions", self.across_positions)
+        _check_number(self.name, "default_weight", self.default_weight, low=0.0)
+        _check_choice(self.name, "combine", self.combine, COMBINES)
         if self.reweigh and self.ceiling is None:
             raise ValueError(f"number loss {self.name!r}: expected reweigh=False (the loss has no largest value to "
                              "charge for probability off the number tokens), got reweigh=True")
 
     @property
     def spec(self) -> str:
-        """The loss as a spec string (`parse` reads it back for the shipped losses)."""
+        """The loss as a spec string, which `parse` reads back to this loss.
+
+        Raises:
+          ValueError: a loss `parse` cannot read back (one of your own, not registered).
+        """
+        text = self._text()
+        try:
+            readable = parse(text) is self
+        except (TypeError, ValueError):
+            readable = False
+        if not readable:
+            raise ValueError(f"number loss {self.name!r} has no spec that parse reads back (got {text!r}); "
+                             "name it once with ntl_jax.losses.register(loss)")
+        return text
+
+    def _text(self) -> str:
         args = self.params + ((("reweigh", True),) if self.reweigh else ())
-        if not args:
-            return self.name
-        return f"{self.name}({', '.join(f'{key}={_spec_value(value)}' for key, value in args)})"
+        return _spec_text(self.name, args)
+
+    @property
+    def shown(self) -> str:
+        """The loss as runs and tables name it: `label` (else `name`) and its parameters."""
+        args = self.params + ((("reweigh", True),) if self.reweigh else ())
+        return _spec_text(self.label or self.name, args)
 
     @property
     def needs_masses(self) -> bool:
@@ -101,13 +138,25 @@ class NumberLoss:
         """`(loss, counted)` `[batch, length]`: the loss per position (reweighed with
         `masses = (m, 1 - m)` when `reweigh`; anything where not counted) and the
         positions it counts."""
-        loss, counted = self.loss(stats, target, number_tokens)
+        loss, counted = self.loss(stats.read(self.reads), target, number_tokens)
         if self.reweigh:
             loss = apply_reweigh(loss, masses, self, number_tokens)
         return loss, counted
 
+    def term(self, ce, loss, weight):
+        """What the loss adds to the cross-entropy `ce`: `weight * loss`, or with
+        `combine="scale_to_ce"` `weight * stop_gradient(ce / loss) * loss` (0 where the
+        loss is 0), `loss` the number loss normalised as `ce` is."""
+        if self.combine == "add":
+            return weight * loss
+        scale = jax.lax.stop_gradient(jnp.where(loss != 0, ce / jnp.where(loss != 0, loss, 1.0), 0.0))
+        return weight * scale * loss
+
     def __repr__(self) -> str:
-        return f"NumberLoss({self.spec})"
+        return f"NumberLoss({self._text()})"
+
+
+_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 def apply_reweigh(loss, masses, number_loss: NumberLoss, number_tokens: NumberTokens):
@@ -192,6 +241,17 @@ def squash_distances(number_tokens: NumberTokens, distances, squash_factor: floa
     return jnp.where(distances == 0, 0.0, 1.0 + (distances - closest) * scale)
 
 
+def distance_table(number_tokens: NumberTokens, *, squash_factor: float | None = None):
+    """`[N, N]` float32 costs of predicting number token j for target token i: `|v_i -
+    v_j|` (ntloss's `dist_lookup`), or with `squash_factor` its squashed form, as
+    `was(squash_factor=...)` charges them."""
+    if squash_factor is not None:
+        squash_factor = _check_number("was", "squash_factor", squash_factor, low=1.0, low_inclusive=False)
+        check_squashable(number_tokens)
+    v = _values(number_tokens)
+    return squash_distances(number_tokens, jnp.abs(v[:, None] - v[None, :]), squash_factor)
+
+
 def check_squashable(number_tokens: NumberTokens) -> None:
     """Raises ValueError unless a concrete table has three distinct values: squashing maps
     the closest wrong distance to 1 and the farthest to `squash_factor`."""
@@ -223,7 +283,7 @@ def _was(squash_factor, reweigh) -> NumberLoss:
         return squash_distances(number_tokens, jnp.abs(columns.value - target.value[..., None]), squash_factor)
 
     def loss(stats: NumberStats, target, number_tokens):
-        return stats.means[distance], target.is_number
+        return stats.means[0], target.is_number
 
     def reference(z, target, number_tokens):
         d = squash_distances(number_tokens, jnp.abs(_values(number_tokens) - target.value[..., None]), squash_factor)
@@ -234,7 +294,7 @@ def _was(squash_factor, reweigh) -> NumberLoss:
 
     return NumberLoss("was", NumberReads(means=(distance,)), loss, reference, ceiling, reweigh,
                       _off_default(squash_factor=(squash_factor, None)),
-                      check_squashable if squash_factor is not None else None)
+                      check_squashable if squash_factor is not None else None, label="ntl-was")
 
 
 # -- NTL-MSE / MAE / Huber, any loss on the expected value ------------------------------
@@ -287,7 +347,7 @@ def huber(*, reweigh: bool = False) -> NumberLoss:
 @functools.lru_cache(maxsize=None)
 def _expected_value(fn: Callable, name: str, reweigh: bool) -> NumberLoss:
     def loss(stats: NumberStats, target, number_tokens):
-        yhat = stats.means[expected_value]
+        yhat = stats.means[0]
         # Where the target is no number the loss is not counted: the prediction stands
         # in for it there, so `fn` sees a difference of 0 rather than an arbitrary one.
         return fn(yhat, jnp.where(target.is_number, target.value, yhat)), target.is_number
@@ -302,7 +362,43 @@ def _expected_value(fn: Callable, name: str, reweigh: bool) -> NumberLoss:
         return jnp.maximum(jnp.abs(fn(lo, hi)), jnp.abs(fn(hi, lo))).astype(jnp.float32)
 
     params = (("fn", getattr(fn, "__name__", repr(fn))),) if name == "expected_value_loss" else ()
-    return NumberLoss(name, NumberReads(means=(expected_value,)), loss, reference, ceiling, reweigh, params)
+    label = None if name == "expected_value_loss" else "ntl-" + name
+    return NumberLoss(name, NumberReads(means=(expected_value,)), loss, reference, ceiling, reweigh, params,
+                      label=label)
+
+
+def of_expected_value(name: str, fn: Callable, **fields) -> NumberLoss:
+    """A loss of your own on the expected value, in one line: `fn(sum_j p_j v_j, y)`,
+    `fn` elementwise on two float32 `[batch, length]` arrays, e.g.
+    `of_expected_value("log_error", lambda yhat, y: jnp.log1p(jnp.abs(yhat - y)))`.
+    `fields`: `NumberLoss`'s (`default_weight`, `label`, ...)."""
+    if not callable(fn):
+        raise TypeError(f"number loss {name!r}: expected fn(prediction, target) -> loss, got {fn!r}")
+    return dataclasses.replace(_expected_value(fn, "expected_value_loss", False), name=name, params=(),
+                               label=None, **fields)
+
+
+def expectation(name: str, fn: Callable, **fields) -> NumberLoss:
+    """A loss of your own as an expectation under the number tokens' softmax, in one
+    line: `sum_j p_j fn(v_j, y)`, `fn` elementwise on float32 arrays (`v` `[..., N]`, `y`
+    `[..., 1]`), e.g. `expectation("squared", lambda v, y: (v - y) ** 2)`. `fields`:
+    `NumberLoss`'s (`default_weight`, `label`, ...)."""
+    if not callable(fn):
+        raise TypeError(f"number loss {name!r}: expected fn(value, target) -> loss, got {fn!r}")
+
+    def at_columns(columns: Columns, target: NumberTarget, number_tokens):
+        # Off the number targets the target's value stands in as 0: not counted.
+        y = jnp.where(target.is_number, target.value, 0.0)[..., None]
+        return fn(columns.value, y)
+
+    def loss(stats: NumberStats, target, number_tokens):
+        return stats.means[0], target.is_number
+
+    def reference(z, target, number_tokens):
+        y = jnp.where(target.is_number, target.value, 0.0)[..., None]
+        return jnp.sum(_softmax_columns(z) * fn(_values(number_tokens), y), axis=-1), target.is_number
+
+    return NumberLoss(name, NumberReads(means=(at_columns,)), loss, reference, **fields)
 
 
 # -- The number-level loss: symmetric MAPE on whole numbers -----------------------------
@@ -334,7 +430,7 @@ def _number_level(float_level: bool, max_number_length: int, reweigh: bool) -> N
         return jnp.abs(yhat - y) / (jnp.abs(yhat) + jnp.abs(y) + _EPS), starts  # in [0, 1]
 
     def loss(stats: NumberStats, target, number_tokens):
-        return score(stats.means[expected_value], target, number_tokens)
+        return score(stats.means[0], target, number_tokens)
 
     def reference(z, target, number_tokens):
         return score(jnp.sum(_softmax_columns(z) * _values(number_tokens), axis=-1), target, number_tokens)
@@ -342,7 +438,8 @@ def _number_level(float_level: bool, max_number_length: int, reweigh: bool) -> N
     name = "number_level_float" if float_level else "number_level"
     return NumberLoss(name, NumberReads(means=(expected_value,)), loss, reference,
                       lambda number_tokens: jnp.float32(1.0), reweigh,
-                      _off_default(max_number_length=(max_number_length, digit_runs.MAX_PLACES)))
+                      _off_default(max_number_length=(max_number_length, digit_runs.MAX_PLACES)),
+                      label="ntl-" + name.replace("_", "-"), across_positions=True)
 
 
 # -- NTL-WAS-CDF: Wasserstein-1 between CDFs over the value-sorted number tokens ---------
@@ -398,7 +495,7 @@ def _was_cdf(sigma: float, reweigh: bool) -> NumberLoss:
         # Against a one-hot label at place t, CDF_q steps from 0 to 1 at t, so the sum is
         # the expected distance in rank sum_j p_j |r_j - r_t|: an expectation, no sort of p.
         def loss(stats: NumberStats, target, number_tokens):
-            return stats.means[_rank_distance], target.is_number
+            return stats.means[0], target.is_number
 
         reads = NumberReads(means=(_rank_distance,))
     else:
@@ -413,7 +510,11 @@ def _was_cdf(sigma: float, reweigh: bool) -> NumberLoss:
     def ceiling(number_tokens):
         return jnp.float32(number_tokens.num_numbers - 1)
 
-    return NumberLoss("was_cdf", reads, loss, reference, ceiling, reweigh, _off_default(sigma=(sigma, 0.0)))
+    # Paired with GCE (the authors' GCE + NTL-WAS-CDF), a loss without a width of its own
+    # scores against GCE's label.
+    with_label_width = (lambda width: _was_cdf(float(width), reweigh)) if sigma == 0 else None
+    return NumberLoss("was_cdf", reads, loss, reference, ceiling, reweigh, _off_default(sigma=(sigma, 0.0)),
+                      label="ntl-was-cdf", with_label_width=with_label_width)
 
 
 # -- DEL, the Digit Entropy Loss (Zheng et al., arXiv 2605.20369) -----------------------
@@ -435,7 +536,7 @@ def _target_logit(columns: Columns, target: NumberTarget, number_tokens):
 
 def _del_loss(stats: NumberStats, target, number_tokens):
     weight = digit_runs.place_weights(target, number_tokens)
-    return weight * (stats.means[_softplus] - stats.means[_target_logit]), target.is_number
+    return weight * (stats.means[0] - stats.means[1]), target.is_number
 
 
 def _del_reference(z, target, number_tokens):
@@ -444,7 +545,9 @@ def _del_reference(z, target, number_tokens):
     return weight * jnp.sum(_softmax_columns(z) * bce, axis=-1), target.is_number
 
 
-_DEL = NumberLoss("del", NumberReads(means=(_softplus, _target_logit)), _del_loss, _del_reference)
+# The authors' weight on this objective (docs/guides/losses.md, "Weights").
+_DEL = NumberLoss("del", NumberReads(means=(_softplus, _target_logit)), _del_loss, _del_reference,
+                  across_positions=True, default_weight=0.001)
 
 
 def digit_entropy() -> NumberLoss:
@@ -486,14 +589,15 @@ def _dist2(tau: float) -> NumberLoss:
         return jnp.sum(jnp.exp(log_q) * log_q, axis=-1)
 
     def loss(stats: NumberStats, target, number_tokens):
-        kl = negative_entropy(target, number_tokens) - stats.sums[label] + stats.log_normalizer
+        kl = negative_entropy(target, number_tokens) - stats.sums[0] + stats.log_normalizer
         return kl, target.is_number
 
     def reference(z, target, number_tokens):
         log_q = log_label(_values(number_tokens), target, number_tokens)
         return jnp.sum(jnp.exp(log_q) * (log_q - jax.nn.log_softmax(z, axis=-1)), axis=-1), target.is_number
 
-    return NumberLoss("dist2", NumberReads(sums=(label,)), loss, reference, params=_off_default(tau=(tau, 1.0)))
+    return NumberLoss("dist2", NumberReads(sums=(label,)), loss, reference, params=_off_default(tau=(tau, 1.0)),
+                      default_weight=0.1)  # the authors' weight
 
 
 # -- SMMD, Smooth MMD (arXiv 2606.27731; code Zuozhuo/smmd-loss) -----------------------
@@ -610,14 +714,17 @@ def _smmd(mode: str, sigma: float, alpha: float | None, squash_factor: float) ->
 
     params = _off_default(mode=(mode, "smmd"), sigma=(sigma, SMMD_SIGMA), alpha=(alpha, None),
                           squash_factor=(squash_factor, SMMD_SQUASH_FACTOR))
+    # The authors' module adds the loss unweighted.
     return NumberLoss("smmd", NumberReads(columns=True), loss, reference, params=params,
-                      check_table=lambda number_tokens: smmd_kernel(number_tokens, sigma, squash_factor))
+                      check_table=lambda number_tokens: smmd_kernel(number_tokens, sigma, squash_factor),
+                      default_weight=1.0)
 
 
 # -- By name, and from a spec string -------------------------------------------------
 
 
-# The shipped losses by the name a spec gives them, each its constructor.
+# The losses a spec names, each by its constructor: the shipped ones, then those
+# `register` adds.
 LOSSES: dict[str, Callable[..., NumberLoss]] = {
     "was": was,
     "mse": mse,
@@ -630,11 +737,58 @@ LOSSES: dict[str, Callable[..., NumberLoss]] = {
     "dist2": dist2,
     "smmd": smmd,
 }
+# The shipped losses' names.
 NAMES = tuple(LOSSES)
 # What a spec for no number loss at all (cross-entropy alone) says.
 NONE = "none"
-_SPEC = re.compile(r"\s*([A-Za-z_]\w*)\s*(?:\((.*)\))?\s*", re.S)
+_SPEC = re.compile(r"\s*([A-Za-z_][\w-]*)\s*(?:\((.*)\))?\s*", re.S)
 _EXAMPLE = "a spec such as 'was' or 'smmd(sigma=2, mode=smooth)'"
+
+
+def register(loss):
+    """Names `loss` for every surface configured by strings: `parse`, gin, MaxText's
+    key, the trainer's `--loss`, a run's recorded identity, Keras saving. `loss` is a
+    `NumberLoss` (its spec is then its `name`) or a constructor returning one (keyword
+    parameters become the spec's). Returns `loss`, so it can decorate a constructor.
+
+    Raises:
+      ValueError: the name is already another loss's.
+    """
+    made = loss if isinstance(loss, NumberLoss) else None
+    if made is None:
+        if not callable(loss):
+            raise TypeError(f"expected a NumberLoss or a function returning one, got {type(loss).__name__} {loss!r}")
+        made = loss()
+        if not isinstance(made, NumberLoss):
+            raise TypeError(f"expected {loss!r}() to return a NumberLoss, got {type(made).__name__}")
+    name = made.name
+    taken = LOSSES.get(name) or _by_label().get(name)
+    if taken is not None and taken is not loss and not (isinstance(loss, NumberLoss) and _made(taken) is loss):
+        raise ValueError(f"expected a number loss name not yet taken, got {name!r}, already "
+                         f"{'shipped' if name in NAMES else 'registered'}: choose another name")
+    LOSSES[name] = (lambda: loss) if isinstance(loss, NumberLoss) else loss
+    _by_label.cache_clear()
+    return loss
+
+
+def _made(constructor):
+    try:
+        return constructor()
+    except TypeError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _by_label() -> dict:
+    """The constructors by the label runs show their losses by (`NumberLoss.label`)."""
+    return {made.label: constructor for constructor in LOSSES.values()
+            if (made := _made(constructor)) is not None and made.label}
+
+
+def _spec_text(name: str, args: tuple) -> str:
+    if not args:
+        return name
+    return f"{name}({', '.join(f'{key}={_spec_value(value)}' for key, value in args)})"
 
 
 def _spec_value(value) -> str:
@@ -662,18 +816,23 @@ def _parse_value(text: str):
 
 
 def parameters(name: str) -> tuple[str, ...]:
-    """The parameters the shipped loss `name` takes (not those its name fixes:
+    """The parameters the loss `name` takes (not those its name fixes:
     `number_level_float`'s `float_level`)."""
-    constructor = LOSSES[name]
+    constructor = _constructor(name)
     fixed = getattr(constructor, "keywords", {})
     return tuple(param for param in inspect.signature(constructor).parameters if param not in fixed)
 
 
+def _constructor(name: str):
+    return LOSSES.get(name) or _by_label()[name]
+
+
 def parse(spec: str) -> NumberLoss:
     """The loss a spec string names: `name` or `name(param=value, ...)`, a name of
-    `LOSSES`, values numbers, `true`/`false`, `none` or words (`"smmd(sigma=2, mode=smooth)"`).
-    The one parser of every surface configured by strings (gin, MaxText's keys, the
-    command line, a run's recorded identity); `NumberLoss.spec` writes it back.
+    `LOSSES` (or the label runs show it by: `"ntl-was"`), values numbers, `true`/`false`,
+    `none` or words (`"smmd(sigma=2, mode=smooth)"`). The one parser of every surface
+    configured by strings (gin, MaxText's keys, the command line, a run's recorded
+    identity); `NumberLoss.spec` writes it back.
 
     Raises:
       ValueError: a malformed spec, an unknown loss or parameter, or a bad value, named.
@@ -684,8 +843,10 @@ def parse(spec: str) -> NumberLoss:
     if match is None:
         raise ValueError(f"expected {_EXAMPLE}, got {spec!r}")
     name, arguments = match.group(1), match.group(2)
-    if name not in LOSSES:
-        raise ValueError(f"expected a number loss in {NAMES} (or {NONE!r}), got {name!r} in the spec {spec!r}")
+    if name not in LOSSES and name not in _by_label():
+        raise ValueError(f"expected a number loss in {tuple(LOSSES)} (or one of their labels "
+                         f"{tuple(_by_label())}, or {NONE!r}), got {name!r} in the spec {spec!r}; a loss of "
+                         "your own is named once with ntl_jax.losses.register(loss)")
     kwargs = {}
     for item in filter(str.strip, (arguments or "").split(",")):
         key, equals, value = item.partition("=")
@@ -700,7 +861,7 @@ def parse(spec: str) -> NumberLoss:
                              "twice")
         kwargs[key] = _parse_value(value)
     try:
-        return LOSSES[name](**kwargs)
+        return _constructor(name)(**kwargs)
     except TypeError as error:  # a value of the wrong kind ("reweigh=yes"): in a string, a bad value
         raise ValueError(f"{error}; in the spec {spec!r}") from None
 

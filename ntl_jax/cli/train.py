@@ -11,7 +11,7 @@ import sys
 from ntl_jax.cli import REFUSED
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli.flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
-from ntl_jax.losses import NAMES
+from ntl_jax.losses import DEFAULT_WEIGHT, NAMES, parse
 from ntl_jax.train import systems
 from ntl_jax.train.data import EVAL_CHOICES
 from ntl_jax.train.loss_names import GCE_PREFIX
@@ -27,7 +27,7 @@ DEFAULTS = dict(preset="tiny", module="arithmetic__add_or_sub", steps=2000,
 # "dist2" and "smmd" for NTL's successors), and the same on the Gaussian-smoothed cross-entropy,
 # "gce" and "gce+<loss>" (`ntl_jax.train.loss_names`); each number loss also takes its
 # parameters in parentheses, as in its spec: "smmd(mode=mmd)".
-NUMBER_LOSSES = tuple(systems.loss_name(name) for name in NAMES)
+NUMBER_LOSSES = tuple(parse(name).shown for name in NAMES)
 LOSSES = ("ce", "gce") + NUMBER_LOSSES + tuple("gce+" + loss for loss in NUMBER_LOSSES)
 # The `--loss` names: LOSSES (the token-head losses, `ntl_jax.train.step`) and the paper's
 # baselines (`ntl_jax.train.systems`).
@@ -149,8 +149,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                         + (", LAMBDA for every loss not named so; several (or the flag again) to sweep"
                            if sweep else "")
                         + " (default: each loss's own: "
-                        + ", ".join(f"{name} {value:g}" for name, value in systems.DEFAULT_WEIGHTS.items())
-                        + f", {systems.NTL_WEIGHT:g} for the others)")
+                        + ", ".join(f"{loss.shown} {loss.default_weight:g}" for loss in map(parse, NAMES)
+                                    if loss.default_weight != DEFAULT_WEIGHT)
+                        + f", {DEFAULT_WEIGHT:g} for the others)")
     for flag in REMOVED_WEIGHT_FLAGS:
         g.add_argument(flag, action=_RemovedWeightFlag)
     g.add_argument("--eval-split", choices=EVAL_CHOICES, default="test",

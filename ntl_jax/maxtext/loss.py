@@ -193,7 +193,7 @@ def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
         if settings.weight > 0:
             # The normalisation of MaxText's own cross-entropy term.
             term = ntl_sum if manual_accumulation else ntl_sum / (aux["total_weights"] + EPS)
-            loss = loss + settings.weight * term
+            loss = loss + number_loss.term(loss, term, settings.weight)
         is_number = jnp.any(targets[..., None] == jnp.asarray(numbers.ids), axis=-1) & real
         return loss, _publish(LossAux(aux, **{NTL_SUM: ntl_sum,
                                               NTL_WEIGHT_SUM: counted_weight(targets, real, numbers, number_loss),

@@ -25,8 +25,9 @@ the cross-entropy (`step.step` raises at the end of a train step if it never did
 nothing but the z-loss's own sum reads the z-loss output (`check_z_loss_slot`, once per
 launch, raises if its cross-entropy sum reads it or its z-loss sum does not).
 
-`fits` says when this holds: tiling on, no z-loss, and for a loss not known to read one
-position at a time (`reads_one_position`), tiles of whole sequences. Elsewhere NTL is
+`fits` says when this holds: tiling on, no z-loss, a loss whose term is added as it is
+(`NumberLoss.combine`), and for a loss that reads across positions
+(`reads_one_position`), tiles of whole sequences. Elsewhere NTL is
 computed from the hidden states (`loss.py`).
 """
 
@@ -48,10 +49,6 @@ from ntl_jax.maxtext import step
 from ntl_jax.maxtext.settings import NumberLossSettings
 from ntl_jax.maxtext.tokens import number_tokens
 
-# The shipped losses whose loss at a position reads the targets around it (a number's digits).
-ACROSS_POSITIONS = ("number_level", "number_level_float", "del")
-
-
 @dataclasses.dataclass(frozen=True)
 class Tiles:
     settings: NumberLossSettings
@@ -65,20 +62,17 @@ _MARKER: contextvars.ContextVar = contextvars.ContextVar("ntl_jax.maxtext.tiles.
 
 
 def reads_one_position(number_loss: variants.NumberLoss) -> bool:
-    """Whether `number_loss` at a position reads that position's target alone: a shipped
-    loss (one `ntl_jax.losses.parse` gives back) other than those `ACROSS_POSITIONS`. A loss
-    of one's own may read across positions, so its tiles must hold whole sequences."""
-    try:
-        shipped = variants.parse(number_loss.spec) is number_loss
-    except (TypeError, ValueError):
-        shipped = False
-    return shipped and number_loss.name not in ACROSS_POSITIONS
+    """Whether `number_loss` at a position reads that position's target alone
+    (`NumberLoss.across_positions`): else its tiles must hold whole sequences."""
+    return not number_loss.across_positions
 
 
 def fits(config, settings: NumberLossSettings, batch: int, length: int) -> bool:
     """Whether NTL can be computed inside MaxText's tiles for a `[batch, length]` batch."""
     if settings.number_loss is None or config.num_vocab_tiling <= 1 or config.z_loss_multiplier != 0:
         return False
+    if settings.number_loss.combine != "add":
+        return False  # its term's scale is the whole batch's, which no tile knows
     if reads_one_position(settings.number_loss):
         return True
     tile = batch * length // config.num_vocab_tiling

@@ -45,25 +45,16 @@ def objective(loss, ntl_weight: float, gce_sigma: float) -> dict:
     `NumberLoss` trained as CE + λ·loss): `number_loss`, `ntl_weight` (0 for "ce" and
     "gce", which log NTL-WAS) and `gce_sigma` (0 for the losses without "gce").
 
-    The paper's GCE + NTL-WAS-CDF scores NTL against GCE's label: "gce+ntl-was-cdf" is
-    NTL-WAS-CDF with a Gaussian label of GCE's width, unless its spec sets a width.
+    With "gce+", a number loss that scores against a label of its own takes GCE's
+    (`NumberLoss.with_label_width`; the paper's GCE + NTL-WAS-CDF), unless it sets a width.
     """
     from ntl_jax import losses
 
     number_loss = loss if isinstance(loss, losses.NumberLoss) else loss_names.number_loss(loss)
     gce_sigma = gce_sigma if uses_gce(loss) else 0.0
-    if gce_sigma and number_loss.name == "was_cdf" and "sigma" not in dict(number_loss.params):
-        number_loss = _with_params(number_loss, sigma=float(gce_sigma))
+    if gce_sigma and number_loss.with_label_width is not None:
+        number_loss = number_loss.with_label_width(float(gce_sigma))
     return dict(number_loss=number_loss, ntl_weight=ntl_weight if trains_ntl(loss) else 0.0, gce_sigma=gce_sigma)
-
-
-def _with_params(number_loss, **params):
-    """A shipped `number_loss` with `params` added to its spec."""
-    from ntl_jax import losses
-
-    given = number_loss.spec[len(number_loss.name):].strip()[1:-1]
-    added = ", ".join(f"{key}={value!r}" for key, value in params.items())
-    return losses.parse(f"{number_loss.name}({', '.join(filter(None, (given, added)))})")
 
 
 def model_inputs(batch: dict) -> tuple[tuple, dict]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ntl_jax.train import loss_names
-from ntl_jax.train.loss_names import OWN_NAMES, loss_name  # noqa: F401  (this module's API too)
 
 REGRESSION_HEAD = "regression-head"
 RT = "rt"
@@ -35,20 +34,16 @@ BASELINES = (REGRESSION_HEAD, RT, RT_NTL, XVAL)
 ENCODER_DECODER_ONLY = (REGRESSION_HEAD, XVAL)
 
 
-# λ in CE + λ·loss by default, by the name of the system's number loss: DEL's and DIST²'s
-# authors' settings on this objective; SMMD's released module adds its loss unweighted
-# (docs/guides/losses.md, "Weights"); NTL's 0.3 (the paper's) for every other system.
-DEFAULT_WEIGHTS = {"del": 0.001, "dist2": 0.1, "smmd": 1.0}
-NTL_WEIGHT = 0.3
-
-
 def default_weight(system: str) -> float:
-    """The weight λ of `system` when none is given: `DEFAULT_WEIGHTS` of its number
-    loss, else 0.3 (also for the systems without a number loss, which ignore it)."""
+    """The weight λ of `system` when none is given: its number loss's
+    (`NumberLoss.default_weight`); the paper's 0.3 for the systems without one, which
+    ignore it."""
+    from ntl_jax import losses
+
     loss = token_loss(system)
     if loss is None or loss in loss_names.PLAIN:
-        return NTL_WEIGHT
-    return DEFAULT_WEIGHTS.get(loss_names.number_loss(loss).name, NTL_WEIGHT)
+        return losses.DEFAULT_WEIGHT
+    return loss_names.number_loss(loss).default_weight
 
 
 def canonical(system: str) -> str:
