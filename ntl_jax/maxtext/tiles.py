@@ -49,6 +49,7 @@ from ntl_jax.maxtext import step
 from ntl_jax.maxtext.settings import NumberLossSettings
 from ntl_jax.maxtext.tokens import number_tokens
 
+
 @dataclasses.dataclass(frozen=True)
 class Tiles:
     settings: NumberLossSettings
