@@ -38,5 +38,6 @@ OPTIONS = {
     "del": dict(number_loss="del"),
     "dist2-smoothing": dict(number_loss="dist2", label_smoothing=0.1),
     "squared_distance": dict(number_loss=SQUARED_DISTANCE, z_loss=1e-3),
+    "ntil": dict(number_loss="ntil"),
 }
 FACTORS = [None, 37.0, "NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE"]

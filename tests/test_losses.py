@@ -18,8 +18,8 @@ PIECES = ["<pad>", "</s>", "x", "."] + list("0123456789")  # digit d has id d + 
 NT = NumberTokens.from_pieces(PIECES)
 V = len(PIECES)
 ALL_KINDS = list(losses.NAMES)
-# NTL's successors have no largest value for reweigh to charge.
-UNBOUNDED = ("del", "dist2", "smmd")
+# The losses with no largest value for reweigh to charge (NTL's successors).
+UNBOUNDED = tuple(kind for kind in ALL_KINDS if losses.parse(kind).ceiling is None)
 
 
 def number_loss(kind, reweigh=False):
