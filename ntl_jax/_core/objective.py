@@ -182,7 +182,9 @@ def objective_from_head(run: pipeline.Pass, number_tokens: NumberTokens, options
         ntl_sum = jnp.sum(jnp.where(counted, per_position, 0.0) * counted_weights)
         ntl_weight_sum = jnp.sum(counted_weights)
     normalised = ntl_sum if factor is None else ntl_sum / factor
-    ntl_term = 0.0 if options.number_loss is None else options.number_loss.term(ce, normalised, options.ntl_weight)
+    # A term scaled to the cross-entropy is scaled to it without the z-loss.
+    ntl_term = 0.0 if options.number_loss is None else options.number_loss.term(ce - z, normalised,
+                                                                                 options.ntl_weight)
     loss = ce + ntl_term
     parts = {
         "loss": loss,

@@ -860,6 +860,8 @@ def register(loss):
     key, the trainer's `--loss`, a run's recorded identity, Keras saving. `loss` is a
     `NumberLoss` (its spec is then its `name`) or a constructor returning one (keyword
     parameters become the spec's). Returns `loss`, so it can decorate a constructor.
+    Another process (a launcher, a loader) finds it where a package names it as an entry
+    point of the group `"ntl_jax.losses"`.
 
     Raises:
       ValueError: the name is already another loss's.
@@ -879,6 +881,28 @@ def register(loss):
     LOSSES[name] = (lambda: loss) if isinstance(loss, NumberLoss) else loss
     _by_label.cache_clear()
     return loss
+
+
+# Packages name their losses for every process (a launcher, a saved model's loader) as
+# entry points of this group: `squared = "my_package.losses:squared"`, a NumberLoss or a
+# constructor, registered the first time a spec names it.
+ENTRY_POINTS = "ntl_jax.losses"
+
+
+def _from_entry_points(name: str) -> bool:
+    """Registers the loss an installed package names `name` in `ENTRY_POINTS`; whether
+    one did."""
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINTS, name=name):
+        loss = point.load()
+        made = loss if isinstance(loss, NumberLoss) else loss()
+        if made.name != name:
+            raise ValueError(f"expected the entry point {point.value!r} ({ENTRY_POINTS}) to give the number loss "
+                             f"{name!r}, got {made.name!r}")
+        register(loss)
+        return True
+    return False
 
 
 def _made(constructor):
@@ -953,7 +977,7 @@ def parse(spec: str) -> NumberLoss:
     if match is None:
         raise ValueError(f"expected {_EXAMPLE}, got {spec!r}")
     name, arguments = match.group(1), match.group(2)
-    if name not in LOSSES and name not in _by_label():
+    if name not in LOSSES and name not in _by_label() and not _from_entry_points(name):
         raise ValueError(f"expected a number loss in {tuple(LOSSES)} (or one of their labels "
                          f"{tuple(_by_label())}, or {NONE!r}), got {name!r} in the spec {spec!r}; a loss of "
                          "your own is named once with ntl_jax.losses.register(loss)")

@@ -260,3 +260,28 @@ def test_every_recorded_comparison_plans_its_runs_in_the_new_form(name):
 
     assert planned(runs) == recorded(result["runs"])
     assert planned(pretrain) == recorded(result["pretrain_runs"])
+
+
+OWN_PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "own_loss_package"
+
+
+def test_ntil_and_a_registered_loss_of_a_package_train_from_the_command_line(real_data, tmp_path):
+    """NTIL by its spec, and a loss a package names by an entry point (tests/fixtures/
+    own_loss_package): `--loss` reaches each in a process of its own."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(OWN_PACKAGE), os.environ.get("PYTHONPATH", "")]))
+    for loss, weight in (("ntil", 0.3), ("squared_gap", 0.3)):
+        out = str(tmp_path / loss)
+        argv = ["train", "--loss", loss, "--steps", "2", "--out", out] + MICRO
+        run = subprocess.run([sys.executable, "-m", "ntl_jax.cli", *argv], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        config = json.load(open(os.path.join(out, "config.json")))
+        assert (config["loss"], config["ntl_weight"]) == (loss, weight)
+        steps = [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "train/ntl" in r]
+        assert [r["step"] for r in steps] == [1, 2]
+        for r in steps:
+            assert np.isfinite(r["train/ntl"]) and r["train/ntl"] > 0
+            if loss == "ntil":  # scaled to CE: its term's value is λ·CE
+                assert r["train/ntl_term"] == pytest.approx(weight * r["train/cross_entropy"], rel=1e-5)
