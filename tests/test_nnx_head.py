@@ -14,7 +14,7 @@ import optax  # noqa: E402
 import ntl_jax  # noqa: E402
 from ntl_jax import losses  # noqa: E402
 from ntl_jax.flax import _nnx  # noqa: E402
-from tests.objective_options import SQUARED_DISTANCE
+from tests.objective_options import SQUARED_DISTANCE, registered_loss
 
 PIECES = ["<pad>", "</s>", "What", "is", "*", "?", "+", "=", "."] + list("0123456789") + ["10", "25", "100", "99"]
 PIECES += [f"w{i}" for i in range(37 - len(PIECES))]  # 37: a vocabulary that is no power of two
@@ -95,13 +95,13 @@ def _objective(number_loss):
     return dict(number_loss=number_loss, ntl_weight=0.3, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
 
 
-def _nnx_loss_fn(tokens, targets, weights, number_loss, fused):
+def _nnx_loss_fn(tokens, targets, weights, number_loss, fused, numbers=NUMBERS):
     def loss_fn(model):
         if fused:
             hidden, kernel = _nnx.hidden_states_and_kernel(model, tokens)
-            return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, NUMBERS, weights=weights,
+            return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, numbers, weights=weights,
                                                        **_objective(number_loss))
-        return ntl_jax.cross_entropy_and_ntl(model(tokens), targets, NUMBERS, weights=weights,
+        return ntl_jax.cross_entropy_and_ntl(model(tokens), targets, numbers, weights=weights,
                                              **_objective(number_loss))
 
     return loss_fn
@@ -177,6 +177,29 @@ def test_a_loss_of_ones_own_trains_an_nnx_model(fused):
     losses_seen = [float(loss) for loss, _ in seen]
     assert np.all(np.isfinite(losses_seen)) and all(b < a for a, b in zip(losses_seen, losses_seen[1:])), losses_seen
     assert float(seen[-1][1]["ntl"]) < float(seen[0][1])
+
+
+@pytest.mark.parametrize("number_loss", ["ntil", "squared_gap"])
+def test_ntil_and_a_registered_loss_train_an_nnx_model_fused_as_unfused(number_loss):
+    registered_loss()
+    digits = ntl_jax.NumberTokens.from_pieces(PIECES)  # NTIL reads single digits
+    model = Decoder(head="tied", layers=1)
+    tokens, targets, weights = _data()
+    unfused, fused = (_nnx_loss_fn(tokens, targets, weights, number_loss, f, digits) for f in (False, True))
+    (loss_u, parts_u), (loss_f, parts_f) = unfused(model), fused(model)
+    assert float(parts_u["ntl"]) > 0
+    np.testing.assert_allclose(loss_f, loss_u, rtol=2e-5)
+    np.testing.assert_allclose(parts_f["ntl"], parts_u["ntl"], rtol=2e-5)
+    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, optimizer):
+        (loss, parts), grads = nnx.value_and_grad(fused, has_aux=True)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    seen = [float(step(model, optimizer)) for _ in range(4)] + [float(fused(model)[0])]
+    assert np.all(np.isfinite(seen)) and seen[-1] < seen[0], seen
 
 
 @pytest.mark.parametrize("head, bias", [("untied", False), ("untied", True), ("tied", False)])

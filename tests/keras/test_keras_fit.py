@@ -8,8 +8,10 @@ keras_hub = pytest.importorskip("keras_hub")
 import keras
 import numpy as np
 
+import ntl_jax
 import ntl_jax.keras as ntl_keras
 from tests.keras import builders
+from tests.objective_options import registered_loss
 
 
 def test_fit_with_lora_logs_the_number_metrics_and_saves_the_loss(tmp_path):
@@ -63,3 +65,22 @@ def test_the_metrics_are_means_over_the_number_targets():
     np.testing.assert_allclose(ntl.result(), 1.0, atol=1e-5)
     ntl.reset_state()
     assert float(ntl.result()) == 0.0
+
+
+@pytest.mark.parametrize("number_loss", ["ntil", "squared_gap"])
+def test_ntil_and_a_registered_loss_fit_and_come_back_from_a_saved_model(tmp_path, number_loss):
+    value = registered_loss() if number_loss == "squared_gap" else ntl_jax.losses.ntil()
+    causal_lm, tokenizer = builders.causal_lm("gemma")  # digits one token each, as NTIL reads them
+    causal_lm.compile(loss=ntl_keras.NumberTokenLoss(tokenizer, number_loss=number_loss),
+                      optimizer=keras.optimizers.Adam(1e-2), weighted_metrics=ntl_keras.number_metrics(tokenizer))
+    history = causal_lm.fit(x=builders.LINES[:16], batch_size=8, epochs=2, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    path = tmp_path / "model.keras"
+    causal_lm.save(path)
+    loaded = ntl_keras.load_model(path)
+    assert loaded.loss.number_loss is value
+    data = builders.LINES[32:40]
+    before = causal_lm.evaluate(x=data, batch_size=8, verbose=0, return_dict=True)
+    after = loaded.evaluate(x=data, batch_size=8, verbose=0, return_dict=True)
+    for name in before:
+        np.testing.assert_allclose(after[name], before[name], rtol=1e-5, err_msg=name)
