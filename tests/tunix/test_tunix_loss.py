@@ -28,6 +28,7 @@ from tunix.sft import peft_trainer  # noqa: E402
 import ntl_jax  # noqa: E402
 from ntl_jax import losses  # noqa: E402
 from ntl_jax import tunix as ntl_tunix  # noqa: E402
+from tests.objective_options import registered_loss  # noqa: E402
 
 FAMILIES = sorted(LINEAR_HEADS)
 
@@ -188,6 +189,22 @@ def test_a_loss_of_ones_own_trains_in_the_peft_trainer(fused):
     np.testing.assert_allclose(logged[0], before, rtol=1e-5)
     assert np.all(np.diff(logged) < 0) and float(after) < logged[-1], (logged, float(after))
     assert float(parts_after["ntl"]) < float(parts_before["ntl"])
+
+
+@pytest.mark.parametrize("number_loss", ["ntil", "squared_gap"])
+def test_ntil_and_a_registered_loss_train_in_the_peft_trainer(number_loss):
+    registered_loss()
+    model, inputs = qwen2_model(tied=True), batch(seed=6)
+    loss_fn = ntl_tunix.number_token_loss_fn(NUMBERS, number_loss=number_loss, ntl_weight=0.3, fused=True)
+    before, parts = loss_fn(model, **inputs)
+    assert float(parts["ntl"]) > 0
+    steps = 4
+    trainer = peft_trainer.PeftTrainer(model, optax.adam(3e-3), peft_trainer.TrainingConfig(
+        eval_every_n_steps=100, max_steps=steps, pbar_description=None)).with_loss_fn(loss_fn, has_aux=True)
+    trainer.train([inputs] * steps)
+    logged = np.asarray(trainer.metrics_logger.get_metric_history("", "loss", "train"))
+    np.testing.assert_allclose(logged[0], before, rtol=1e-5)
+    assert np.all(np.isfinite(logged)) and float(loss_fn(model, **inputs)[0]) < logged[0], logged
 
 
 def test_old_keywords_are_refused_with_the_new_form_named():
