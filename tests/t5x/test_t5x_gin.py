@@ -28,6 +28,7 @@ from ntl_jax.seqio import vocabularies  # noqa: E402
 from ntl_jax.t5x import configs  # noqa: E402
 from ntl_jax.t5x import models as ntl_models  # noqa: E402
 from ntl_jax.t5x import train as ntl_train  # noqa: E402
+from tests.objective_options import registered_loss  # noqa: E402
 from tests.test_gin_files import EARLIER_LOSSES, earlier_experiments  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -188,7 +189,17 @@ def test_a_loss_of_ones_own_through_gin(gin_env, local_sentencepiece, tmp_path):
                                         _offline_bindings(local_sentencepiece), finalize_config=True)
     model = _macro("MODEL")
     assert model.number_loss is squared_distance()
-    assert model.ntl_options == {"ntl_weight": 0.3, "number_loss": "squared_distance"}
+    with pytest.raises(ValueError, match=r"no spec that parse reads back .*losses.register"):
+        model.ntl_options
+
+
+@pytest.mark.parametrize("spec", ["ntil", "ntil(combine=add)", "squared_gap"])
+def test_ntil_and_a_registered_loss_by_a_gin_string(gin_env, local_sentencepiece, spec):
+    registered_loss()
+    model = _parse_and_build(["models/t5_1_1_tiny_ntl.gin"], [*_offline_bindings(local_sentencepiece),
+                                                               f"NTL_LOSS = '{spec}'"])
+    assert model.number_loss is losses.parse(spec)
+    assert model.ntl_options == {"ntl_weight": 0.3, "number_loss": spec}
 
 
 def test_decoder_only_file_has_t5x_s_settings(gin_env, local_sentencepiece):

@@ -19,7 +19,7 @@ from t5x.examples.t5 import network as t5_network  # noqa: E402
 import ntl_jax  # noqa: E402
 from ntl_jax import losses  # noqa: E402
 from ntl_jax.t5x import models as ntl_models  # noqa: E402
-from tests.objective_options import SQUARED_DISTANCE
+from tests.objective_options import SQUARED_DISTANCE, registered_loss
 
 VOCAB = seqio.ByteVocabulary()  # 259 ids, digits '0'..'9' are 51..60
 MODEL_VOCAB_SIZE = 384  # the network rounds up, as T5X configs do
@@ -386,7 +386,8 @@ def test_a_loss_of_ones_own_trains_through_loss_fn(encdec_params, fused_loss):
     factor = "NUM_REAL_TARGET_TOKENS"
     model = _encdec(ntl_models.NTLEncoderDecoderModel, number_loss=SQUARED_DISTANCE, ntl_weight=0.3,
                     loss_normalizing_factor=factor, fused_loss=fused_loss, fused_chunk_size=100)
-    assert model.ntl_options == {"ntl_weight": 0.3, "number_loss": "squared_distance"}
+    with pytest.raises(ValueError, match=r"'squared_distance' has no spec .*losses.register"):
+        model.ntl_options  # an unregistered loss trains, but no name parse would refuse is recorded
     step = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(p, batch, None), has_aux=True))
     (loss, metrics), grads = step(encdec_params)
     logits = model._compute_logits(encdec_params, batch)
@@ -412,3 +413,25 @@ def test_a_loss_of_ones_own_trains_through_loss_fn(encdec_params, fused_loss):
     assert all(np.isfinite(history).ravel()), history
     assert all(b[0] < a[0] for a, b in zip(history, history[1:])), history
     assert history[-1][1] < history[0][1], history
+
+
+@pytest.mark.parametrize("fused_loss", [False, True], ids=["logits", "fused"])
+@pytest.mark.parametrize("number_loss", ["ntil", "squared_gap"])
+def test_ntil_and_a_registered_loss_train_through_loss_fn(encdec_params, number_loss, fused_loss):
+    registered_loss()
+    batch = _batch(packed=True, seed=13)
+    factor = "NUM_REAL_TARGET_TOKENS"
+    model = _encdec(ntl_models.NTLEncoderDecoderModel, number_loss=number_loss, ntl_weight=0.3,
+                    loss_normalizing_factor=factor, fused_loss=fused_loss, fused_chunk_size=100)
+    assert model.ntl_options == {"ntl_weight": 0.3, "number_loss": number_loss}
+    step = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(p, batch, None), has_aux=True))
+    (loss, metrics), grads = step(encdec_params)
+    segments = {k: batch[k] for k in ("decoder_segment_ids", "decoder_positions")}
+    want, parts = ntl_jax.cross_entropy_and_ntl(model._compute_logits(encdec_params, batch),
+                                                batch["decoder_target_tokens"], model.number_tokens,
+                                                weights=batch["decoder_loss_weights"], number_loss=number_loss,
+                                                loss_normalizing_factor=factor, **segments)
+    np.testing.assert_allclose(float(loss), float(want), rtol=2e-5)
+    np.testing.assert_allclose(float(metrics["ntl"].compute()), float(parts["ntl"]), rtol=2e-5)
+    params = jax.tree.map(lambda p, g: p - 0.5 * g, encdec_params, grads)
+    assert float(step(params)[0][0]) < float(loss)
