@@ -487,3 +487,19 @@ def test_the_objective_takes_at_most_twelve_parameters():
     for name in ("ntl_kind", "squash_factor", "reweigh", "max_number_length", "float_level", "tau", "formulation"):
         assert name not in parameters
     assert not any(name.startswith(("smmd_", "del_")) for name in parameters)
+
+
+def test_the_migration_hints_lead_somewhere_that_works():
+    nt = ntl_jax.NumberTokens.from_pieces(["<pad>", "0", "1", "2", "3"])
+    logits, targets = jnp.zeros((1, 1, 5)), jnp.array([[2]])
+    hint = r"no longer takes reweigh=.*pass number_loss=ntl_jax.losses.was\(reweigh=True\) to number_token_loss or"
+    with pytest.raises(TypeError, match=hint):
+        ntl_jax.ntl_from_number_logits(logits[..., 1:], targets, nt, reweigh=True)
+    ntl_jax.number_token_loss(logits, targets, nt, number_loss=losses.was(reweigh=True))  # where it leads: works
+    # The squashed distance table (ntloss's `dist_lookup` with `squash_factor`) is public.
+    np.testing.assert_allclose(nt.distance_table(squash_factor=3.0)[0], [0.0, 1.0, 2.0, 3.0])
+    np.testing.assert_allclose(losses.distance_table(nt), nt.distance_table())
+    with pytest.raises(ValueError, match="squash_factor finite and > 1"):
+        nt.distance_table(squash_factor=0.5)
+    # The trainer's names are specs too.
+    assert losses.parse("ntl-was") is losses.was() and losses.parse("ntl-was-cdf(sigma=1)") is losses.was_cdf(sigma=1)

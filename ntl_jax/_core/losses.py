@@ -95,7 +95,10 @@ def number_token_loss(
     return reduce_loss(loss, counted, weights, reduction)
 
 
-@refuses_old_keywords
+# From the number tokens' logits alone there is no full-vocabulary mass to reweigh by.
+@refuses_old_keywords(new_forms={"reweigh": "number_loss=ntl_jax.losses.was(reweigh=True) to number_token_loss or "
+                                           "cross_entropy_and_ntl instead (reweighing needs the whole vocabulary's "
+                                           "logits, which this function does not see)"})
 def ntl_from_number_logits(
     number_logits: ArrayLike,
     targets: ArrayLike,
