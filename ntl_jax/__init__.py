@@ -20,6 +20,7 @@ from ntl_jax._core.objective import (
     cross_entropy_and_ntl,
     fused_cross_entropy_and_ntl,
     loss_normalizing_factor_and_weights,
+    ntl_mean,
 )
 from ntl_jax._core.tokenizer_pieces import tokenizer_pieces, vocabulary_pieces
 from ntl_jax._core.variants import NumberLoss
@@ -34,6 +35,7 @@ __all__ = [
     "loss_normalizing_factor_and_weights",
     "ntl_dot",
     "ntl_from_number_logits",
+    "ntl_mean",
     "ntl_was",
     "number_level_loss",
     "number_token_loss",

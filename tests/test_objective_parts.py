@@ -79,6 +79,8 @@ def test_ntl_is_the_weighted_mean_and_ntl_term_what_it_adds(case):
     np.testing.assert_allclose(float(parts["ntl"]), mean, rtol=1e-5)
     np.testing.assert_allclose(float(parts["ntl_term"]), term, rtol=1e-5)
     np.testing.assert_allclose(float(parts["ntl_weight_sum"]), counted.sum(), rtol=1e-6)
+    np.testing.assert_allclose(float(parts["ntl_sum"]), (was * counted).sum(), rtol=1e-5)
+    assert float(parts["ntl"]) == float(ntl_jax.ntl_mean(parts["ntl_sum"], parts["ntl_weight_sum"]))
     # The same mean as the standalone loss's, under the same weights.
     _, w_resolved = ntl_jax.loss_normalizing_factor_and_weights(factor, TARGETS, weights)
     w_resolved = np.ones((2, 4)) if w_resolved is None else w_resolved

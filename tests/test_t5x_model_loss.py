@@ -161,6 +161,12 @@ class FakeAverage:
         return self.total / self.count
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class FakeNTLAverage(t5x_loss.NTLMean, FakeAverage):
+    """Stands in for `ntl_jax.t5x.models`' clu `Average` with `NTLMean`'s compute."""
+
+
 class FakeVocabulary:
     vocab_size = VOCAB
 
@@ -200,6 +206,7 @@ class FakeTransformerModel:
 class FakeNTLModel(t5x_loss.NTLLossMixin, FakeTransformerModel):
     per_step_metric = FakeAveragePerStep
     average_metric = FakeAverage
+    ntl_metric = FakeNTLAverage
 
 
 def fake_model(**kwargs):
@@ -685,16 +692,23 @@ def test_a_model_without_metric_classes_says_what_to_set():
         pass
 
     model = Bare(vocabulary=FakeVocabulary())
-    with pytest.raises(TypeError, match="per_step_metric and average_metric"):
+    with pytest.raises(TypeError, match="per_step_metric, average_metric and ntl_metric"):
         model.loss_fn({"logits": make_logits(0)}, make_batch(False), None)
 
 
 def test_clu_metric_classes_accept_the_totals():
     clu_metrics = pytest.importorskip("clu.metrics")
 
+    from flax import struct
+
+    @struct.dataclass
+    class NTLAverage(t5x_loss.NTLMean, clu_metrics.Average):  # as ntl_jax.t5x.models builds it
+        pass
+
     class CluModel(t5x_loss.NTLLossMixin, FakeTransformerModel):
         per_step_metric = FakeAveragePerStep
         average_metric = clu_metrics.Average
+        ntl_metric = NTLAverage
 
     batch, logits = make_batch(True, seed=20), make_logits(20)
     model = CluModel(vocabulary=FakeVocabulary(), loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
@@ -705,7 +719,9 @@ def test_clu_metric_classes_accept_the_totals():
     total, count = out.averages["ntl"]
     np.testing.assert_allclose(float(metrics["ntl"].compute()), float(total / count), rtol=1e-6)
     merged = metrics["ntl"].merge(metrics["ntl"])  # across steps: the mean over all counted positions
+    assert isinstance(merged, NTLAverage)
     np.testing.assert_allclose(float(merged.compute()), float(total / count), rtol=1e-6)
+    assert float(NTLAverage(total=jnp.float32(0), count=jnp.float32(0)).compute()) == 0.0  # not NaN
 
 
 def test_importing_the_loss_module_does_not_import_t5x():

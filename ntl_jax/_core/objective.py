@@ -53,9 +53,10 @@ def cross_entropy_and_ntl(
       decoder_segment_ids, decoder_positions: for packed batches.
 
     Returns:
-      `(loss, parts)`; `parts`: `cross_entropy`, `z_loss`, `ntl` (the mean of the number
-      loss over the positions it counts), `ntl_term` (what it adds to `loss`),
-      `weight_sum`, `ntl_weight_sum`, `loss_normalizing_factor` (docs/guides/losses.md).
+      `(loss, parts)`; `parts`: `cross_entropy`, `z_loss`, `ntl_sum` and `ntl_weight_sum`
+      (the number loss's weighted sum over the positions it counts, and their weight),
+      `ntl` (their mean, `ntl_mean`), `ntl_term` (what it adds to `loss`), `weight_sum`,
+      `loss_normalizing_factor` (docs/guides/losses.md).
     """
     options = Options(number_loss=number_loss, ntl_weight=ntl_weight, label_smoothing=label_smoothing,
                       z_loss=z_loss, gce_sigma=gce_sigma)
@@ -190,14 +191,37 @@ def objective_from_head(run: pipeline.Pass, number_tokens: NumberTokens, options
         "loss": loss,
         "cross_entropy": ce - z,
         "z_loss": z,
-        "ntl": ntl_sum / jnp.maximum(ntl_weight_sum, _TINY),
+        "ntl": ntl_mean(ntl_sum, ntl_weight_sum),
         "ntl_term": ntl_term,
         "weight_sum": jnp.asarray(weight_sum, jnp.float32),
+        "ntl_sum": jnp.asarray(ntl_sum, jnp.float32),
         "ntl_weight_sum": jnp.asarray(ntl_weight_sum, jnp.float32),
         "loss_normalizing_factor": jnp.asarray(1.0 if factor is None else factor, jnp.float32),
     }
     return loss, parts
 
 
-# The mean over no counted position is 0, not NaN.
-_TINY = float(jnp.finfo(jnp.float32).tiny)
+def ntl_mean(ntl_sum: ArrayLike, ntl_weight_sum: ArrayLike) -> jax.Array:
+    """The number loss's mean, pooled: `sum(ntl_sum) / sum(ntl_weight_sum)`, 0 where
+    nothing is counted (never NaN).
+
+    `parts["ntl"]` of one step is `ntl_mean(parts["ntl_sum"], parts["ntl_weight_sum"])`.
+    Over several steps (a logging window, an evaluation) pass each step's sum and count:
+    the mean of the steps' means would weigh a step with one number target as much as one
+    with a thousand. Every logger of `ntl` in the package reports this.
+
+    Args:
+      ntl_sum: the number loss's weighted sum: a scalar, or one per step (any shape).
+      ntl_weight_sum: the weight it was summed over, shaped as `ntl_sum`.
+
+    Returns:
+      A float32 scalar; differentiable, with finite gradients where the count is 0.
+
+    Examples:
+      >>> float(ntl_mean([6.0, 1.0], [3.0, 1.0])), float(ntl_mean(0.0, 0.0))
+      (1.75, 0.0)
+    """
+    total = jnp.sum(jnp.asarray(ntl_sum, jnp.float32))
+    count = jnp.sum(jnp.asarray(ntl_weight_sum, jnp.float32))
+    counted = count > 0
+    return jnp.where(counted, total / jnp.where(counted, count, 1.0), 0.0)

@@ -21,7 +21,7 @@ from ntl_jax._core.objective import fused_cross_entropy_and_ntl
 from ntl_jax.keras import labels
 from ntl_jax.keras.backend import require_jax_backend
 from ntl_jax.keras.loss import NumberTokenLoss, loss_normalizing_factor
-from ntl_jax.keras.metrics import SumsMean
+from ntl_jax.keras.metrics import NumberLossMean
 
 
 def output_kernel(backbone):
@@ -70,7 +70,7 @@ class FusedNumberTokenLossModel(keras.Model):
         self.causal_lm = causal_lm
         self.number_token_loss = loss
         self.chunk_size = chunk_size
-        self.ntl_tracker = SumsMean("ntl")
+        self.ntl_tracker = NumberLossMean("ntl")
 
     def call(self, inputs, training=False):
         return self.causal_lm.backbone(inputs, training=training)
@@ -85,5 +85,5 @@ class FusedNumberTokenLossModel(keras.Model):
             **loss_fn.objective_options())
         loss = labels.checked(loss, targets, ops.shape(kernel)[1])
         if loss_fn.number_loss is not None:
-            self.ntl_tracker.update_state(parts["ntl"] * parts["ntl_weight_sum"], parts["ntl_weight_sum"])
+            self.ntl_tracker.update_state(parts["ntl_sum"], parts["ntl_weight_sum"])
         return loss + sum(self.losses) if self.losses else loss

@@ -24,7 +24,7 @@ import keras
 
 from ntl_jax._core import variants
 from ntl_jax._core.losses import predict_numbers
-from ntl_jax._core.objective import cross_entropy_and_ntl
+from ntl_jax._core.objective import cross_entropy_and_ntl, ntl_mean
 from ntl_jax._core.variants import NumberLoss
 from ntl_jax.keras import labels
 from ntl_jax.keras.backend import require_jax_backend
@@ -46,6 +46,14 @@ class SumsMean(keras.metrics.Metric):
 
     def result(self):
         return keras.ops.divide_no_nan(self.total, self.count)
+
+
+class NumberLossMean(SumsMean):
+    """The number loss's mean of the sums and counts handed (`parts["ntl_sum"]`,
+    `parts["ntl_weight_sum"]`): `ntl_jax.ntl_mean`, as every logger of `ntl`."""
+
+    def result(self):
+        return ntl_mean(self.total, self.count)
 
 
 class _NumberTargetMean(SumsMean):
@@ -89,7 +97,9 @@ class NumberTokenLossMetric(_NumberTargetMean):
     def sums(self, logits, targets, weights):
         _, parts = cross_entropy_and_ntl(logits, targets, self.number_tokens, weights=weights,
                                          number_loss=self.number_loss, ntl_weight=0.0)
-        return parts["ntl"] * parts["ntl_weight_sum"], parts["ntl_weight_sum"]
+        return parts["ntl_sum"], parts["ntl_weight_sum"]
+
+    result = NumberLossMean.result  # ntl_jax.ntl_mean, as every logger of `ntl`
 
     def get_config(self):
         return {**super().get_config(), "number_loss": number_loss_spec(self.number_loss)}

@@ -121,12 +121,14 @@ def _in_tiles(settings: NumberLossSettings) -> list:
 
 
 def _buffer_ntl(buffer, aux, weight: float) -> None:
-    # As ntl_jax.tunix's trainer logs its parts: each step's value joins the buffer the
-    # trainer writes through Tunix's metrics logger.
+    # As ntl_jax.tunix's trainer logs its parts: each step's values join the buffer the
+    # trainer writes through Tunix's metrics logger, `ntl` pooled from sums and counts.
+    from ntl_jax.tunix.trainer import buffer_ntl  # Tunix: fine-tuning only
+
     if buffer is None or aux is None or NTL_SUM not in aux:
         return
-    for name, value in (("ntl", aux[NTL_SUM] / np.maximum(aux[NTL_WEIGHT_SUM], 1)),
-                        ("ntl_term", weight * aux[NTL_SUM] / np.maximum(aux["total_weights"], 1)),
+    buffer_ntl(buffer, aux[NTL_SUM], aux[NTL_WEIGHT_SUM])
+    for name, value in (("ntl_term", weight * aux[NTL_SUM] / np.maximum(aux["total_weights"], 1)),
                         ("number_targets", aux[NUMBER_TARGETS])):
         values, _ = buffer.additional_metrics.setdefault(name, ([], np.mean))
         values.append(value)
@@ -145,7 +147,8 @@ def _in_step(step_fn, *, train: bool):
 def _number_peft_trainer(stock_trainer_class, settings: NumberLossSettings):
     class NumberLossPeftTrainer(stock_trainer_class):
         """MaxText's `PeftTrainer`, its steps traced each in a `step.step`, logging NTL
-        (`ntl`, `ntl_term`) through Tunix's metrics logger."""
+        (`ntl`, pooled over a step's micro-batches and an evaluation's batches, and
+        `ntl_term`) through Tunix's metrics logger."""
 
         def create_train_step_fn(self):
             return _in_step(super().create_train_step_fn(), train=True)

@@ -40,6 +40,7 @@ from flax import nnx
 from ntl_jax._core import number_stats, pipeline
 from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.losses import ntl_from_number_logits
+from ntl_jax._core.objective import ntl_mean
 from ntl_jax.maxtext import step
 from ntl_jax.maxtext.settings import NumberLossSettings, check_config
 from ntl_jax.maxtext.tokens import number_tokens
@@ -203,13 +204,14 @@ def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
 
 
 def ntl_metrics(aux, prefix: str, weight: float) -> dict:
-    """From a step's loss aux: `{prefix}/ntl`, NTL's mean over the positions it counts
-    (`cross_entropy_and_ntl`'s `parts["ntl"]`, 0 where none); `{prefix}/ntl_term`, what
+    """From a step's loss aux (summed over gradient accumulation's micro-batches):
+    `{prefix}/ntl`, NTL's mean over the positions it counts (`ntl_jax.ntl_mean`, as
+    `cross_entropy_and_ntl`'s `parts["ntl"]`, 0 where none); `{prefix}/ntl_term`, what
     `weight` x NTL adds to the loss (its sum over the real targets' count, as MaxText's
     cross-entropy); `{prefix}/number_targets`."""
     from maxtext.utils.globals import EPS
 
-    return {f"{prefix}/ntl": aux[NTL_SUM] / jnp.maximum(aux[NTL_WEIGHT_SUM], EPS),
+    return {f"{prefix}/ntl": ntl_mean(aux[NTL_SUM], aux[NTL_WEIGHT_SUM]),
             f"{prefix}/ntl_term": weight * aux[NTL_SUM] / (aux["total_weights"] + EPS),
             f"{prefix}/number_targets": aux[NUMBER_TARGETS]}
 

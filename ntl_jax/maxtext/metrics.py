@@ -3,6 +3,23 @@ metrics that come from outside a step (supervised fine-tuning reads them from Tu
 
 from __future__ import annotations
 
+from ntl_jax._core.objective import ntl_mean
+
+# What an evaluation step adds to the evaluation's sums (`evaluation/<name>` -> `eval/<name>`).
+EVAL_SUMS = ("ntl_sum", "ntl_weight_sum", "number_targets")
+
+
+def add_eval_sums(summed, scalars) -> None:
+    """Adds an evaluation step's `evaluation/<name>` scalars to the evaluation's
+    `eval/<name>` sums in `summed` (a `defaultdict(float)`, MaxText's cumulative ones)."""
+    for name in EVAL_SUMS:
+        summed[f"eval/{name}"] += float(scalars.get(f"evaluation/{name}", 0.0))
+
+
+def eval_ntl(summed) -> float:
+    """`eval/avg_ntl`: NTL's mean over the whole evaluation, pooled from its sums."""
+    return float(ntl_mean(summed["eval/ntl_sum"], summed["eval/ntl_weight_sum"]))
+
 
 def number_metric_logger(stock_logger_class):
     """A subclass of MaxText's `MetricLogger` that sums `evaluation/ntl_sum`,
@@ -19,7 +36,6 @@ def number_metric_logger(stock_logger_class):
 
     from maxtext.common import metric_logger
     from maxtext.utils import max_logging
-    from maxtext.utils.globals import EPS
 
     class NumberLossMetricLogger(stock_logger_class):
         pending_scalars: dict
@@ -48,13 +64,11 @@ def number_metric_logger(stock_logger_class):
 
         def _accumulate_eval_metrics(self, metrics):
             super()._accumulate_eval_metrics(metrics)
-            scalars, summed = metrics.get("scalar", {}), self.cumulative_eval_metrics["scalar"]
-            for name in ("ntl_sum", "ntl_weight_sum", "number_targets"):
-                summed[f"eval/{name}"] += float(scalars.get(f"evaluation/{name}", 0.0))
+            add_eval_sums(self.cumulative_eval_metrics["scalar"], metrics.get("scalar", {}))
 
         def _finalize_eval_metrics(self, train_step):
             summed = self.cumulative_eval_metrics["scalar"]
-            summed["eval/avg_ntl"] = summed["eval/ntl_sum"] / max(summed["eval/ntl_weight_sum"], EPS)
+            summed["eval/avg_ntl"] = eval_ntl(summed)
             super()._finalize_eval_metrics(train_step)
 
         def _log_training_metrics(self, metrics, step):

@@ -136,7 +136,7 @@ class ModelLoss(NamedTuple):
     - `segment_ids`: the stock `_compute_metrics`'s `segment_ids`;
     - `per_step`: `{name: total}` for per-step averages (`cross_ent_loss`, `ntl_term`);
     - `averages`: `{name: (total, count)}` for means (`cross_ent_loss_per_all_target_tokens`,
-      `ntl`, `number_abs_error`, `number_token_mass`);
+      `ntl`: parts' `ntl_sum` and `ntl_weight_sum`, `number_abs_error`, `number_token_mass`);
     - `loss_normalizing_factor`: the resolved factor (None, a number, or an array);
     - `accuracy_inputs`: `(logits, targets)` for the stock accuracy metric when the
       loss was computed without logits (`model_loss_from_hidden`), else None.
@@ -316,8 +316,7 @@ def _model_loss_from_run(run: pipeline.Pass, batch, number_tokens, options: Opti
     averages = {"cross_ent_loss_per_all_target_tokens": (cross_entropy, num_tokens)}
     if options.number_loss is not None:
         per_step["ntl_term"] = parts["ntl_term"]
-        # The mean's total: parts["ntl"] is sum / max(count, tiny), 0 where nothing counts.
-        averages["ntl"] = (parts["ntl"] * parts["ntl_weight_sum"], parts["ntl_weight_sum"])
+        averages["ntl"] = (parts["ntl_sum"], parts["ntl_weight_sum"])  # pooled over steps (NTLMean)
     # Number metrics: as the loss, but without a weights feature padding is not counted.
     number_mask = run.weights
     if batch.get("decoder_loss_weights") is None and not _is_special(loss_normalizing_factor):
@@ -342,8 +341,9 @@ class NTLLossMixin:
     `_compute_metrics(logits=, targets=, mask=, loss=, z_loss=, segment_ids=)`,
     `output_vocabulary`, `_label_smoothing`, `_z_loss` and `_loss_normalizing_factor`
     (T5X's `BaseTransformerModel` does). The NTL metrics are built with
-    `per_step_metric(total=...)` and `average_metric(total=..., count=...)`, class
-    attributes the concrete model sets (T5X's `AveragePerStep`, clu's `Average`).
+    `per_step_metric(total=...)`, `average_metric(total=..., count=...)` and, for `ntl`,
+    `ntl_metric(total=..., count=...)`, class attributes the concrete model sets (T5X's
+    `AveragePerStep`, clu's `Average`, and clu's `Average` with `NTLMean`'s `compute`).
 
     Keyword arguments (the rest pass through to the base class): `number_loss`,
     `ntl_weight`, `digit_level`, `gce_sigma`, `fused_loss`, `fused_chunk_size`,
@@ -363,6 +363,7 @@ class NTLLossMixin:
 
     per_step_metric: Optional[Callable[..., Any]] = None
     average_metric: Optional[Callable[..., Any]] = None
+    ntl_metric: Optional[Callable[..., Any]] = None
 
     def __init__(
         self,
@@ -478,12 +479,24 @@ class NTLLossMixin:
 
     def _ntl_metrics(self, out: ModelLoss) -> dict:
         """The NTL metrics, and the stock cross-entropy metrics without the NTL term."""
-        per_step, average = type(self).per_step_metric, type(self).average_metric
-        if per_step is None or average is None:
+        model = type(self)
+        per_step, average, ntl = model.per_step_metric, model.average_metric, model.ntl_metric
+        if per_step is None or average is None or ntl is None:
             raise TypeError(
-                f"{type(self).__name__} must set per_step_metric and average_metric "
-                "(t5x.metrics.AveragePerStep and clu.metrics.Average in ntl_jax.t5x.models)"
+                f"{model.__name__} must set per_step_metric, average_metric and ntl_metric "
+                "(t5x.metrics.AveragePerStep, clu.metrics.Average and an Average with NTLMean's compute "
+                "in ntl_jax.t5x.models)"
             )
         metrics = {name: per_step(total=total) for name, total in out.per_step.items()}
-        metrics.update({name: average(total=total, count=count) for name, (total, count) in out.averages.items()})
+        metrics.update({name: (ntl if name == "ntl" else average)(total=total, count=count)
+                        for name, (total, count) in out.averages.items()})
         return metrics
+
+
+class NTLMean:
+    """Put before clu's `Average` (`ntl_jax.t5x.models`): the metric of `ntl`, whose
+    mean, merged over the steps T5X reports (training's summary period, an evaluation),
+    is `ntl_jax.ntl_mean` of their sums and counts, 0 where none counted."""
+
+    def compute(self):
+        return objective.ntl_mean(self.total, self.count)

@@ -33,11 +33,12 @@ from ntl_jax.t5x._install import require_t5x
 require_t5x()  # before T5X is imported: says how to install it
 
 from clu import metrics as clu_metrics
+from flax import struct
 from t5x import metrics as metrics_lib
 from t5x import models
 
 from ntl_jax._core.number_tokens import NumberTokens
-from ntl_jax.t5x._loss import NTLLossMixin, number_quality_totals
+from ntl_jax.t5x._loss import NTLLossMixin, NTLMean, number_quality_totals
 
 __all__ = ["NTLDecoderOnlyModel", "NTLEncoderDecoderModel", "number_quality_metrics", "padded_vocab_size"]
 
@@ -68,11 +69,17 @@ def number_quality_metrics(logits, targets, weights, number_tokens: NumberTokens
     return {name: clu_metrics.Average(total=total, count=count) for name, (total, count) in totals.items()}
 
 
+@struct.dataclass
+class _NTLAverage(NTLMean, clu_metrics.Average):
+    """clu's `Average` of `ntl`, its mean `ntl_jax.ntl_mean` (0 where nothing counted)."""
+
+
 class _NTLLossMixin(NTLLossMixin):
     """`NTLLossMixin` with T5X's metric classes."""
 
     per_step_metric = metrics_lib.AveragePerStep
     average_metric = clu_metrics.Average
+    ntl_metric = _NTLAverage
 
 
 class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):

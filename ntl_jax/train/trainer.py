@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from ntl_jax._core.number_tokens import NumberTokens
+from ntl_jax._core.objective import ntl_mean
 from ntl_jax.train import data as data_lib
 from ntl_jax.train import network, optim, systems
 from ntl_jax.train import step as step_lib
@@ -146,8 +147,8 @@ class Diverged(Exception):
 
 
 def _check_finite(window: list[dict], last: int, checkpointer, out_dir: str) -> dict[str, float]:
-    """The mean of the window's metrics; raises `Diverged` if its loss is not finite."""
-    mean = _mean(window)
+    """The window's metrics (`window_metrics`); raises `Diverged` if its loss is not finite."""
+    mean = window_metrics(window)
     if not math.isfinite(mean["loss"]):
         raise Diverged(out_dir, f"the mean loss of steps {last - len(window) + 1}..{last} is "
                        f"{mean['loss']}", checkpointer.latest_step())
@@ -268,9 +269,14 @@ def build_step(spec: StepSpec):
     return model, optimizer, train_step
 
 
-def _mean(records: list[dict]) -> dict[str, float]:
+def window_metrics(records: list[dict]) -> dict[str, float]:
+    """The metrics of a logging window's steps: each the mean of the steps' values, but
+    `ntl` pooled from their sums and counts (`ntl_jax.ntl_mean`)."""
     host = jax.device_get(records)
-    return {k: float(np.mean([r[k] for r in host])) for k in host[0]}
+    metrics = {k: float(np.mean([r[k] for r in host])) for k in host[0]}
+    if "ntl_sum" in metrics:
+        metrics["ntl"] = float(ntl_mean([r["ntl_sum"] for r in host], [r["ntl_weight_sum"] for r in host]))
+    return metrics
 
 
 def save_final_params(out_dir: str, params: Any, model_config, vocabulary, step: int) -> None:

@@ -23,9 +23,9 @@ from ntl_jax.tunix.heads import hidden_states_and_kernel
 
 # Tunix's cross-entropy divides by the number of targets its mask keeps.
 LOSS_NORMALIZING_FACTOR = "NUM_REAL_TARGET_TOKENS"
-# The loss parts the trainer logs, beside Tunix's own loss: `ntl` is the number loss's
-# mean over the number targets it counts, `ntl_term` what it adds to the loss.
-LOGGED_PARTS = ("cross_entropy", "ntl", "ntl_term")
+# The loss parts the trainer logs, as Tunix its loss, the mean of the steps' values (each
+# a mean over its step's targets); `ntl` beside them is pooled from sums and counts.
+AVERAGED_PARTS = ("cross_entropy", "ntl_term")
 
 
 @refuses_old_keywords
