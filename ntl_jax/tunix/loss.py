@@ -23,8 +23,8 @@ from ntl_jax.tunix.heads import hidden_states_and_kernel
 
 # Tunix's cross-entropy divides by the number of targets its mask keeps.
 LOSS_NORMALIZING_FACTOR = "NUM_REAL_TARGET_TOKENS"
-# The loss parts the trainer logs, as Tunix its loss, the mean of the steps' values (each
-# a mean over its step's targets); `ntl` beside them is pooled from sums and counts.
+# The loss parts the trainer logs as Tunix logs its loss, the mean of the batches' values
+# (each a mean over its batch's targets); `ntl` beside them is pooled (`trainer.buffer_ntl`).
 AVERAGED_PARTS = ("cross_entropy", "ntl_term")
 
 
