@@ -192,9 +192,10 @@ def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
             ntl_sum = jnp.sum(ntl_from_number_logits(columns, targets, numbers, number_loss=number_loss, weights=real))
         manual_accumulation = config.gradient_accumulation_steps > 1 and not config.use_tunix_gradient_accumulation
         if settings.weight > 0:
-            # The normalisation of MaxText's own cross-entropy term.
-            term = ntl_sum if manual_accumulation else ntl_sum / (aux["total_weights"] + EPS)
-            loss = loss + number_loss.term(loss, term, settings.weight)
+            # The normalisation of MaxText's own cross-entropy term (a term scaled to CE
+            # is scaled to its cross-entropy, normalised alike).
+            normalizer = 1.0 if manual_accumulation else aux["total_weights"] + EPS
+            loss = loss + number_loss.term(aux["xent_sum"] / normalizer, ntl_sum / normalizer, settings.weight)
         is_number = jnp.any(targets[..., None] == jnp.asarray(numbers.ids), axis=-1) & real
         return loss, _publish(LossAux(aux, **{NTL_SUM: ntl_sum,
                                               NTL_WEIGHT_SUM: counted_weight(targets, real, numbers, number_loss),
@@ -203,17 +204,25 @@ def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
     return loss_fn
 
 
-def ntl_metrics(aux, prefix: str, weight: float) -> dict:
+def ntl_metrics(aux, prefix: str, weight: float, number_loss=None) -> dict:
     """From a step's loss aux (summed over gradient accumulation's micro-batches):
     `{prefix}/ntl`, NTL's mean over the positions it counts (`ntl_jax.ntl_mean`, as
     `cross_entropy_and_ntl`'s `parts["ntl"]`, 0 where none); `{prefix}/ntl_term`, what
-    `weight` x NTL adds to the loss (its sum over the real targets' count, as MaxText's
-    cross-entropy); `{prefix}/number_targets`."""
+    the number loss adds to the loss (`_term`); `{prefix}/number_targets`."""
+    return {f"{prefix}/ntl": ntl_mean(aux[NTL_SUM], aux[NTL_WEIGHT_SUM]),
+            f"{prefix}/ntl_term": _term(aux, weight, number_loss),
+            f"{prefix}/number_targets": aux[NUMBER_TARGETS]}
+
+
+def _term(aux, weight, number_loss):
+    """What `weight` x the number loss adds to the loss, normalised as MaxText's
+    cross-entropy (`NumberLoss.term`; `weight` x NTL's sum over the real targets' count)."""
     from maxtext.utils.globals import EPS
 
-    return {f"{prefix}/ntl": ntl_mean(aux[NTL_SUM], aux[NTL_WEIGHT_SUM]),
-            f"{prefix}/ntl_term": weight * aux[NTL_SUM] / (aux["total_weights"] + EPS),
-            f"{prefix}/number_targets": aux[NUMBER_TARGETS]}
+    count = aux["total_weights"] + EPS
+    if number_loss is None:
+        return weight * aux[NTL_SUM] / count
+    return number_loss.term(aux["xent_sum"] / count, aux[NTL_SUM] / count, weight)
 
 
 def number_train_step(stock_train_step, settings: NumberLossSettings):
@@ -231,7 +240,7 @@ def number_train_step(stock_train_step, settings: NumberLossSettings):
                                                   dropout_rng)
         aux = _last_aux(traced, "train_step")
         scalars = metrics["scalar"]
-        scalars.update(ntl_metrics(aux, "learning", settings.weight))
+        scalars.update(ntl_metrics(aux, "learning", settings.weight, settings.number_loss))
         if config.gradient_accumulation_steps > 1 and settings.weight > 0:
             scalars["learning/loss"] = scalars["learning/loss"] + scalars["learning/ntl_term"]
         return new_state, metrics
