@@ -38,35 +38,26 @@ def join_digit_runs(is_digit, digit_values, targets=None, dot_id=None, digit_cou
                     max_places=None):
     """Joins runs of number tokens into numbers, placing each number at its first token.
 
-    The vectorised twin of ntloss's `NumberLevelLoss.convert_digits_to_numbers`: a run
-    of consecutive digits d_1..d_k is the number sum_i d_i 10^(k-i); when `dot_id` is
-    given, a single `.` between two digits does not break the run (and contributes
-    nothing, so 12.34 reads as 1234, as in ntloss).
-
-    Multi-digit tokens (beyond ntloss, whose number-level loss takes single digits only):
-    with `digit_counts`, each token is placed by the digits the tokens after it in its
-    run write, `sum_i v_i 10^(c_{i+1} + ... + c_k)`, so the pieces "123", "4" read 1234
-    and "12", "007" read 12007 (leading zeros count). A number token that writes no
-    plain digits (count 0: "-1", "3.5", "1e3") is a number of its own: it breaks runs on
-    both sides and is its own value, since a sign, point or exponent has no place in a
-    run of digits. Places beyond `10^(max_places - 1)` are clipped to it, as
-    ntloss's powers of ten (20 places by default: 10^19).
+    The vectorised twin of ntloss's `NumberLevelLoss.convert_digits_to_numbers`: digits d_1..d_k read
+    sum_i d_i 10^(k-i). Multi-digit tokens are placed by the digits the tokens after them write ("123", "4"
+    reads 1234; "12", "007" reads 12007), and a number token writing no plain digits ("-1", "3.5") is a
+    number of its own (docs/guides/losses.md#tokenizers).
 
     Args:
       is_digit: `[batch, length]` bool, the number-token positions.
       digit_values: `[batch, length]` values (any real values at number positions).
       targets: `[batch, length]` token ids, needed only with `dot_id`.
-      dot_id: the id of `.`, or None to let a dot break numbers.
-      digit_counts: `[batch, length]` int, the digits each position's target writes
-        (`NumberTarget.digits`), or None for single-digit tokens (1 at every number).
-      opens: `[batch, length]` bool, True where a target begins a new number whatever
-        precedes it (a space-marked piece such as "Ġ12"), or None for none.
-      max_places: the most places a number has (None: ntloss's 20); the digits
-        of a longer number all take the highest place.
+      dot_id: the id of `.`, which between two digits continues the run and adds nothing (12.34 reads 1234,
+        as in ntloss); None: a dot breaks numbers.
+      digit_counts: `[batch, length]` int, the digits each target writes (`NumberTarget.digits`); None: 1 each.
+      opens: `[batch, length]` bool, True where a target begins a new number whatever precedes it ("Ġ12"),
+        or None for nowhere.
+      max_places: the most places a number has (None: ntloss's 20); a longer number's leading digits all
+        take the highest place.
 
     Returns:
-      `(starts, numbers)`: `starts` `[batch, length]` marks the first token of each
-      number, `numbers` holds its value there (and 0 elsewhere).
+      `(starts, numbers)`: `starts` `[batch, length]` marks the first token of each number, `numbers`
+      holds its value there (and 0 elsewhere).
     """
     if digit_counts is None:
         joins, counts = is_digit, is_digit.astype(jnp.int32)

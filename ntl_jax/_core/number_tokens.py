@@ -184,33 +184,15 @@ class NumberTokens:
     def from_tokenizer(
         cls, tokenizer: Any, *, digit_level: bool = True, prefixed_numbers: bool = False
     ) -> "NumberTokens":
-        """Builds the table from a tokenizer's token strings, one per id.
+        """Builds the table from a tokenizer's token strings, one per id (docs/guides/losses.md#tokenizers).
 
-        Takes a `tokenizers.Tokenizer` (ids below `get_vocab_size(with_added_tokens=True)`),
-        a `transformers` tokenizer (ids below `len(tokenizer)`, so added tokens are covered:
-        `vocab_size` counts the base vocabulary only), a
-        `sentencepiece.SentencePieceProcessor`, or anything `from_vocabulary` takes. Ids
-        with no token (holes) are not numbers. The pieces are the raw token strings: a
-        byte-level BPE writes a space as `Ġ`, SentencePiece as `▁`.
-
-        The prefix rule: by default a space-prefixed piece (`Ġ12`, `▁12`) is not a number
-        token, as in ntloss 0.3.2, which parses each token string of `get_vocab()` with
-        `float` (and `float("Ġ12")` fails). The prefix also writes the space before the
-        number, so such a token is not interchangeable with `12`, and the vocabularies the
-        paper's digit-level default suits (LLaMA-3, Qwen) never put a prefix on digits.
-        `prefixed_numbers=True` counts them, with the value and digit count of the digits
-        after the prefix (`▁12` -> 12, 2 digits), so a vocabulary such as GPT-2's or a
-        SentencePiece one with `▁12` pieces can weigh all its number tokens.
-
-        Leading zeros keep their digits: `07` is 7 writing 2 digits (`digit_counts`). With
-        `digit_level=True` only the single characters `0`-`9` are numbers (`▁7` too when
-        `prefixed_numbers`).
-
-        Differences from ntloss (whose table is `get_vocab()` parsed by `float`): ntloss
-        with `digit_level=True` adds `0`-`9` to a tokenizer that lacks them, this never
-        changes the tokenizer (and raises if there are no number tokens); a table here is
-        as long as the tokenizer's largest id + 1 when its vocabulary has holes; two ids
-        sharing one token string are both numbers here, one of them in ntloss.
+        Args:
+          tokenizer: a `tokenizers.Tokenizer`, a `transformers` tokenizer (every id below `len(tokenizer)`,
+            added tokens included), a `sentencepiece.SentencePieceProcessor`, or what `from_vocabulary` takes.
+          digit_level: only the single characters `0`-`9` are numbers (`▁7` too with `prefixed_numbers`);
+            False: every piece that parses as one (`07` is 7, writing 2 digits in `digit_counts`).
+          prefixed_numbers: also count space-prefixed pieces (`Ġ12`, `▁12`; not numbers by default, as in
+            ntloss), with the value and digit count of the digits after the prefix.
 
         Raises:
           TypeError: if `tokenizer` offers none of these APIs, or yields non-string tokens.
@@ -218,10 +200,8 @@ class NumberTokens:
 
         Examples:
           >>> class Processor:  # the SentencePieceProcessor API
-          ...     def get_piece_size(self):
-          ...         return 4
-          ...     def id_to_piece(self, i):
-          ...         return ["<unk>", "▁12", "07", "7"][i]
+          ...     def get_piece_size(self): return 4
+          ...     def id_to_piece(self, i): return ["<unk>", "▁12", "07", "7"][i]
           >>> NumberTokens.from_tokenizer(Processor(), digit_level=False).ids.tolist()
           [2, 3]
           >>> nt = NumberTokens.from_tokenizer(Processor(), digit_level=False, prefixed_numbers=True)

@@ -203,40 +203,29 @@ def hidden_states_through(call: Callable[[], Any], heads: list[tuple[Any, Projec
 
 def hidden_states_and_kernel(model: nnx.Module, *args, head: str | nnx.Module | None = None,
                              method: str | Callable | None = None, **kwargs):
-    """`(hidden, kernel)`: the model's output computed up to, not through, its logits
-    projection, and that projection's kernel `[d_model, vocab]` (see the module
-    docstring), both in the dtype the projection computes in.
+    """`(hidden, kernel)`: the output before the logits projection, and its kernel `[d_model, vocab]`.
+
+    Both are in the dtype the projection computes in; how the projection is found: the module docstring.
 
     Args:
-      model: the `nnx.Module`; it is left as it was, also when the call raises.
-      *args, **kwargs: the call's arguments.
-      head: the projection: an attribute path (`"lm_head"`, `"decoder.layers.3"`) or the
-        module, an `nnx.Linear` or an `nnx.Embed` (its `attend`). None: `lm_head` when the
-        model has one, and every `nnx.Embed`'s `attend`.
-      method: what to call instead of `model(...)`: a method name, or a function called
-        as `method(model, *args, **kwargs)`.
+      model, *args, **kwargs: the `nnx.Module` (left as it was, also when the call raises) and its arguments.
+      head: the projection: an attribute path (`"lm_head"`, `"decoder.layers.3"`), or an `nnx.Linear` or
+        `nnx.Embed` (its `attend`). None: `lm_head` when the model has one, and every `nnx.Embed`'s `attend`.
+      method: called instead of `model(...)`: a method name, or a function `method(model, *args, **kwargs)`.
 
     Raises:
       TypeError: `model` is no `nnx.Module`, or `head` names no `nnx.Linear`/`nnx.Embed`.
-      ValueError: `head` names nothing, the model called the projection other than once,
-        or it returned something other than the projection's output (`[..., vocab]`).
+      ValueError: `head` names nothing, or the model did not call it exactly once and return its output.
 
     Examples:
-      >>> from flax import nnx
-      >>> import jax.numpy as jnp
       >>> class Tiny(nnx.Module):
       ...     def __init__(self, rngs):
-      ...         self.embed = nnx.Embed(7, 4, rngs=rngs)
-      ...         self.lm_head = nnx.Linear(4, 7, use_bias=False, rngs=rngs)
-      ...     def __call__(self, tokens):
-      ...         return self.lm_head(jnp.tanh(self.embed(tokens)))
-      >>> model = Tiny(nnx.Rngs(0))
-      >>> tokens = jnp.array([[1, 2, 3]])
+      ...         self.embed, self.lm_head = nnx.Embed(7, 4, rngs=rngs), nnx.Linear(4, 7, use_bias=False, rngs=rngs)
+      ...     def __call__(self, tokens): return self.lm_head(jnp.tanh(self.embed(tokens)))
+      >>> model, tokens = Tiny(nnx.Rngs(0)), jnp.array([[1, 2, 3]])
       >>> hidden, kernel = hidden_states_and_kernel(model, tokens)
-      >>> hidden.shape, kernel.shape
-      ((1, 3, 4), (4, 7))
-      >>> bool(jnp.allclose(hidden @ kernel, model(tokens), atol=1e-6))
-      True
+      >>> hidden.shape, kernel.shape, bool(jnp.allclose(hidden @ kernel, model(tokens), atol=1e-6))
+      ((1, 3, 4), (4, 7), True)
     """
     if not isinstance(model, nnx.Module):
         raise TypeError(f"expected an nnx.Module, got {type(model).__name__} "

@@ -83,56 +83,28 @@ class _NTLLossMixin(NTLLossMixin):
 
 
 class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
-    """`t5x.models.EncoderDecoderModel` trained with cross-entropy + NTL.
+    """`t5x.models.EncoderDecoderModel` trained with cross-entropy + NTL (docs/guides/t5x.md).
 
     Args:
-      *args, **kwargs: those of `t5x.models.EncoderDecoderModel` (module,
-        input_vocabulary, output_vocabulary, optimizer_def, z_loss, label_smoothing,
-        loss_normalizing_factor, ...).
-      number_loss: the number loss, a value of `ntl_jax.losses` (`was()`, the paper's
-        NTL-WAS, the default; `mse()`, `smmd(mode="mmd")`, ..., or one of your own),
-        a spec string (`"was"`, `"smmd(mode=mmd)"`), or None / `"none"` for
-        cross-entropy alone. In gin its constructor is bound on its own:
-        `NTLEncoderDecoderModel.number_loss = @losses.smmd()` and
-        `losses.smmd.mode = 'mmd'` (with `from ntl_jax import losses`).
-      ntl_weight: the factor on NTL (lambda; 0.3 in the paper). 0 trains with
-        cross-entropy alone and still logs the NTL metrics.
-      gce_sigma: Gaussian-smoothed cross-entropy (the paper's GCE baseline): at a
-        number target the label is a Gaussian of this width over the number tokens'
-        values (`ntl_jax.cross_entropy_and_ntl`); 0 (default) is the stock one-hot.
-        Exclusive with `label_smoothing`. It changes the cross-entropy only; the
-        paper's pairing with NTL-WAS-CDF against the same label is
-        `number_loss=ntl_jax.losses.was_cdf(sigma=gce_sigma)`.
-      digit_level: only the single characters 0-9 are number tokens (the paper);
-        False counts every piece that parses as a number.
-      fused_loss: compute the loss from the decoder's hidden states and the logits
-        kernel (`logits_dense`, or the embedding with `logits_via_embedding`) without
-        forming the `[batch, length, vocab]` logits in training
-        (`ntl_jax.fused_cross_entropy_and_ntl`); the same loss, gradients and metrics
-        to float32 rounding. In gin: `NTLEncoderDecoderModel.fused_loss = True`.
-        `"auto"` (the shipped gin files' default) fuses where it saves memory, where
-        each device holds at least `d_model` target tokens, and takes the logits
-        elsewhere (a fine-tuning batch of 32 x 32 targets on a pod holds 64 per chip).
-      fused_chunk_size: vocabulary columns per chunk with `fused_loss` (None: about
-        8M logits per chunk; per device when vocabulary-parallel).
-      fused_vocab_axis: with `fused_loss`, the mesh axis the logits kernel's
-        vocabulary is sharded over; default `"model"`, as T5X's standard partitioning
-        rules map `vocab` to it. When the step runs under T5X's `PjitPartitioner`
-        (`num_partitions > 1`) and the mesh has this axis with more than one device,
-        the loss is vocabulary-parallel over it: each device streams only its own
-        kernel columns and the kernel is never all-gathered (the mesh's other axes
-        shard the batch; the vocabulary must divide by the axis size, which a
-        vocabulary padded to a multiple of 128 does for the usual partitions). On one
-        device, or with None, the loss is computed as without a mesh (under a
-        partitioner XLA then gathers the whole `[d_model, vocab]` kernel every step).
-        In gin: `NTLEncoderDecoderModel.fused_vocab_axis = None`.
+      *args, **kwargs: those of `t5x.models.EncoderDecoderModel` (module, input_vocabulary, output_vocabulary,
+        the source of the number tokens, optimizer_def, z_loss, label_smoothing, loss_normalizing_factor, ...).
+      number_loss: a value of `ntl_jax.losses` (default `was()`, the paper's NTL-WAS), a spec string
+        (`"smmd(mode=mmd)"`), or None / `"none"` for cross-entropy alone. In gin, bind its constructor:
+        `NTLEncoderDecoderModel.number_loss = @losses.smmd()` and `losses.smmd.mode = 'mmd'`.
+      ntl_weight: the factor on NTL (lambda; 0.3 in the paper); 0 still logs the NTL metrics.
+      gce_sigma: > 0: Gaussian-smoothed cross-entropy (GCE) of this width at number targets; 0 is one-hot.
+        Exclusive with `label_smoothing`; the paper pairs it with `ntl_jax.losses.was_cdf(sigma=gce_sigma)`.
+      digit_level: only the characters 0-9 are number tokens (the paper); False: every piece that parses as one.
+      fused_loss: True takes the loss from the decoder's hidden states and the logits kernel, never forming
+        the `[batch, length, vocab]` logits (`ntl_jax.fused_cross_entropy_and_ntl`; equal to float32
+        rounding); False (default) does not; `"auto"` (the gin files' default) fuses where each device
+        holds >= `d_model` target tokens.
+      fused_chunk_size: vocabulary columns per chunk with `fused_loss` (None: about 8M logits).
+      fused_vocab_axis: the mesh axis (default `"model"`) the fused loss is vocabulary-parallel over under a
+        `PjitPartitioner` with `num_partitions > 1`; None leaves it to XLA, which gathers the whole kernel.
 
-    The number tokens come from `output_vocabulary`. Metrics: the stock ones (their
-    mask is the effective weights, 0 where the target id is outside the logits'
-    vocabulary), with `cross_ent_loss` the cross-entropy alone, plus `ntl` (the mean
-    of the number loss over the positions it counts), `ntl_term` (what it adds to the
-    loss, per step), `number_abs_error` and `number_token_mass`; without a number
-    loss, no `ntl` nor `ntl_term`.
+    Metrics: the stock ones (`cross_ent_loss` is cross-entropy alone), `ntl`, `ntl_term`,
+    `number_abs_error` and `number_token_mass`.
     """
 
 

@@ -395,11 +395,9 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ProblemData | Non
       out_dir: created if missing; holds checkpoints/, metrics.jsonl, tensorboard/,
         results.json and predictions.json.
       data: reuse already generated data (it must have been built from `config.data`).
-      progress: show a tqdm progress bar. Its clock (elapsed, rate, time left) starts
-        once the first step, which compiles the step function, is done.
+      progress: show a tqdm progress bar; its clock starts once the first (compiling) step is done.
       tensorboard: also write TensorBoard event files.
-      stop_after: stop (after checkpointing) once this step is reached, as if
-        interrupted; used to test resuming.
+      stop_after: stop (after checkpointing) once this step is reached, as if interrupted; to test resuming.
 
     Returns:
       A dict with "step", "eval" (`{"<split>/<metric>": value}`, None where a metric is
@@ -407,8 +405,7 @@ def train(config: TrainConfig, out_dir: str, *, data: data_lib.ProblemData | Non
       training metrics), "seconds" and "state".
 
     Raises:
-      ValueError: bad configuration, unwritable `out_dir`, or another process training
-        there.
+      ValueError: bad configuration, unwritable `out_dir`, or another process training there.
       CheckpointError: an existing checkpoint is unreadable or from another configuration.
       Interrupted: Ctrl-C (SIGINT); a checkpoint of the last finished step was saved.
       Diverged: the mean training loss of a logging window is NaN or infinite; checked
