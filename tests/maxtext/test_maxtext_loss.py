@@ -22,10 +22,13 @@ from ntl_jax.maxtext import step, tiles  # noqa: E402
 from ntl_jax.maxtext.install import pretraining  # noqa: E402
 from ntl_jax.maxtext.loss import ntl_metrics  # noqa: E402
 from tests.maxtext import tiny  # noqa: E402
+from tests.objective_options import registered_loss  # noqa: E402
 
 MULTI_DIGIT = ntl_maxtext.NumberLossSettings(weight=0.3, number_loss="was", digit_level=False)
-# Every shipped loss by its spec, and the brief's loss of one's own.
-LOSSES = [*losses.NAMES, tiny.SQUARED_DISTANCE]
+# Every shipped loss by its spec that scores multi-digit tokens (NTIL reads single
+# digits: its own test below), and the brief's loss of one's own.
+DIGITS_ONLY = ("ntil",)
+LOSSES = [*(name for name in losses.NAMES if name not in DIGITS_ONLY), tiny.SQUARED_DISTANCE]
 AUX = ("xent_sum", "total_weights", "ntl_sum", "ntl_weight_sum", "number_targets")
 
 
@@ -103,11 +106,31 @@ def test_the_loss_equals_cross_entropy_and_ntl_on_maxtexts_logits(setup, number_
     np.testing.assert_allclose(float(aux["ntl_weight_sum"]), float(parts["ntl_weight_sum"]), rtol=0)
     # The metrics logged are the objective's parts: NTL's mean over the positions it
     # counts, and the term it adds to the loss.
-    metrics = ntl_metrics(aux, "learning", settings.weight)
+    metrics = ntl_metrics(aux, "learning", settings.weight, settings.number_loss)
     np.testing.assert_allclose(float(metrics["learning/ntl"]), float(parts["ntl"]), rtol=2e-6)
     np.testing.assert_allclose(float(metrics["learning/ntl_term"]), float(parts["ntl_term"]), rtol=2e-6)
     np.testing.assert_allclose(float(aux["xent_sum"] / aux["total_weights"]), float(parts["cross_entropy"]),
                                rtol=2e-6)
+    _assert_trees_close(grads, expected_grads, rtol=1e-5)
+
+
+@pytest.mark.parametrize("number_loss", ["ntil", "squared_gap"])
+def test_ntil_and_a_registered_loss_equal_cross_entropy_and_ntl_on_digits(setup, number_loss):
+    """NTIL on Llama-3's digit tokens, its term scaled to MaxText's cross-entropy, and a
+    loss a package registers, as `cross_entropy_and_ntl` computes them."""
+    registered_loss()
+    config, model, mesh, _, _ = setup
+    numbers = ntl_maxtext.number_tokens(config, digit_level=True)
+    data = tiny.batch(config, numbers)
+    settings = ntl_maxtext.NumberLossSettings(weight=0.3, number_loss=number_loss, digit_level=True)
+    with jax.set_mesh(mesh):
+        loss, aux, grads, _ = _loss(ntl_maxtext.number_loss_fn(train.loss_fn, settings), model, config, data)
+        expected, parts, expected_grads = _reference(model, config, data, numbers, settings)
+    assert float(parts["ntl"]) > 0
+    np.testing.assert_allclose(float(loss), float(expected), rtol=2e-6)
+    metrics = ntl_metrics(aux, "learning", settings.weight, settings.number_loss)
+    np.testing.assert_allclose(float(metrics["learning/ntl"]), float(parts["ntl"]), rtol=2e-6)
+    np.testing.assert_allclose(float(metrics["learning/ntl_term"]), float(parts["ntl_term"]), rtol=2e-6)
     _assert_trees_close(grads, expected_grads, rtol=1e-5)
 
 
