@@ -86,12 +86,14 @@ def build(layers: int, vocab: int):
     return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
 
 
-def model_for(causal_lm, loss_name: str, numbers):
-    """`causal_lm` (or the fused model around it) compiled with the row's loss."""
+def model_for(causal_lm, loss_name: str, numbers, device_kind: str):
+    """`causal_lm` (or the fused model around it, its head traced for the chip
+    `device_kind`) compiled with the row's loss."""
     optimizer = keras.optimizers.AdamW(5e-5, weight_decay=0.01)
     if loss_name == "fused":
         model = ntl_keras.FusedNumberTokenLossModel(
-            causal_lm, ntl_keras.NumberTokenLoss(numbers, number_loss="was", ntl_weight=NTL_WEIGHT))
+            causal_lm, ntl_keras.NumberTokenLoss(numbers, number_loss="was", ntl_weight=NTL_WEIGHT),
+            device_kind=device_kind)
         model.compile(optimizer=optimizer)
         return model
     loss = (keras.losses.SparseCategoricalCrossentropy(from_logits=True) if loss_name == "keras_scce"
@@ -165,7 +167,7 @@ def abstract_batch(batch: int, length: int, sharding):
 
 
 def compile_row(causal_lm, loss_name, numbers, placement, batch, length) -> dict:
-    model = model_for(causal_lm, loss_name, numbers)
+    model = model_for(causal_lm, loss_name, numbers, placement.mesh.devices.flat[0].device_kind)
     zeros = np.zeros((batch, length), np.int32)
     model._symbolic_build(data_batch=({"token_ids": zeros, "padding_mask": zeros.astype(bool)}, zeros,
                                       zeros.astype(bool)))

@@ -119,6 +119,10 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
         device, or with None, the loss is computed as without a mesh (under a
         partitioner XLA then gathers the whole `[d_model, vocab]` kernel every step).
         In gin: `NTLEncoderDecoderModel.fused_vocab_axis = None`.
+      fused_device_kind: with `fused_loss`, the chip the fused loss is compiled for (a
+        `jax.Device.device_kind`, e.g. "TPU v5 lite"; None: the default backend's). Set
+        it to compile ahead of time for a TPU from another machine; `compile_check`
+        sets it from its topology (`compiled_for`).
 
     The number tokens come from `output_vocabulary`. Metrics: the stock ones (their
     mask is the effective weights, 0 where the target id is outside the logits'
