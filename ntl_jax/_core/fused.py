@@ -32,7 +32,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ntl_jax._core import number_stats, vocab_parallel
+from ntl_jax._core import head_stats, number_stats, vocab_parallel
 from ntl_jax._core.fused_plan import FusedPlan
 from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.number_stats import NumberReads
@@ -268,13 +268,8 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, plan: FusedPlan,
         logits = _dot(h, kernel_chunk, ((1,), (0,)))
         columns = offset + start + jnp.arange(chunk)
         is_number_chunk = index_chunk >= 0
-        d_logits = g_rest[:, None] * jnp.exp(logits - shift)
-        d_logits += jnp.where(columns[None, :] == targets[:, None], g_target[:, None], 0.0)
-        if with_sum:
-            d_logits += g_sum[:, None]
-        d_logits = jnp.where(is_number_chunk[None, :], 0.0, d_logits)
-        # As the unfused path does: the logits' gradient in the logits' dtype.
-        d_logits = d_logits.astype(grad_dtype)
+        d_logits = logits_grad(logits, shift, g_rest[:, None], g_target[:, None], g_sum[:, None] if with_sum else None,
+                               columns[None, :] == targets[:, None], is_number_chunk[None, :], grad_dtype)
         # Columns an earlier chunk covered add to `d hidden` once; their `d kernel` is
         # the same again and is simply written over.
         d_h = _dot(jnp.where(fresh[None, :], d_logits, jnp.zeros((), d_logits.dtype)), kernel_chunk, ((1,), (1,)))
@@ -294,6 +289,21 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, plan: FusedPlan,
 
     carry = (d_h_numbers, jnp.zeros_like(kernel))
     return jax.lax.fori_loop(0, -(-width // chunk), body, carry)
+
+
+def logits_grad(logits, shift, g_rest, g_target, g_sum, is_target, dropped, dtype):
+    """The gradient of the statistics with respect to a tile's float32 logits
+    `[tokens, columns]`, in `dtype` (the logits', as the unfused path rounds it):
+    `g_rest * exp(logit - shift)` (the non-number tokens' log-normaliser), plus
+    `g_target` where `is_target` and `g_sum` everywhere (label smoothing; None: none),
+    zero where `dropped` (the number tokens' columns, whose share the caller adds).
+    The per-token terms are `[tokens, 1]`, `is_target` and `dropped` broadcast to the
+    tile. Both backward passes' (XLA's chunk loop, `fused_pallas`'s kernels)."""
+    d = g_rest * jnp.exp(logits - shift)
+    d += jnp.where(is_target, g_target, 0.0)
+    if g_sum is not None:
+        d += g_sum
+    return jnp.where(dropped, 0.0, d).astype(dtype)
 
 
 def _pallas_grads(h, kernel, local_targets, local_ids, shift, cotangents, with_sum, d_h_numbers,
@@ -410,12 +420,8 @@ def head_stats_from_hidden(hidden, kernel, target: NumberTarget, number_tokens: 
     shape = (batch, length)
     numbers = number_stats.from_columns(number_logits.reshape(shape + (-1,)), target, number_tokens,
                                         NumberReads() if reads is None else reads)
-    number_lse = numbers.log_normalizer
-    rest_lse = rest_lse.reshape(shape)
-    log_normalizer = jnp.logaddexp(number_lse, rest_lse)
-    masses = None
-    if with_masses:
-        masses = (jnp.exp(number_lse - log_normalizer), jnp.exp(rest_lse - log_normalizer))
+    log_normalizer = jnp.logaddexp(numbers.log_normalizer, rest_lse.reshape(shape))
+    masses = head_stats.number_mass_of(numbers, log_normalizer) if with_masses else None
     head = HeadStats(
         log_normalizer=log_normalizer,
         target_logit=jnp.where(keep, target_logit.reshape(shape), 0.0),

@@ -119,10 +119,8 @@ def _predictions(head, number_tokens: NumberTokens):
     expected value it read, the mass from its normalisers), no further pass over the
     vocabulary."""
     value = jax.lax.stop_gradient(head.numbers.means[expected_value])
-    if head.masses is not None:
-        mass = head.masses[0]
-    else:
-        mass = jnp.exp(head.numbers.log_normalizer - head.log_normalizer)
+    mass = (head.masses if head.masses is not None else
+            head_stats.number_mass_of(head.numbers, head.log_normalizer))[0]
     return value, jax.lax.stop_gradient(mass)
 
 
