@@ -20,7 +20,8 @@ own layout map (`GemmaBackbone.get_layout_map`: the embedding, so the vocabulary
 head's, stays whole), each optimizer slot as its weight, the batch over "batch".
 
 Rows: `keras_scce` (KerasHub's default loss), `ntl` (`NumberTokenLoss`, NTL-WAS, λ 0.3,
-Gemma's ten digits) and `fused` (`FusedNumberTokenLossModel` with the same loss). No
+Gemma's ten digits) and `fused` (`FusedNumberTokenLossModel` with the same loss, its head
+traced for the v5e: `device_kind`). No
 metrics besides Keras's loss tracker (and the fused model's `ntl`). `per_device_bytes`
 is XLA's memory analysis of the compiled step per device: arguments + outputs +
 temporaries - aliased bytes; `bytes_accessed` its cost analysis.
@@ -255,7 +256,8 @@ def main(argv=None) -> None:
                       args.batch * args.length // MESH_SHAPE[0]},
             "loss": {"keras_scce": "keras.losses.SparseCategoricalCrossentropy(from_logits=True)",
                      "ntl": f"ntl_jax.keras.NumberTokenLoss(number_loss='was', ntl_weight={NTL_WEIGHT})",
-                     "fused": "ntl_jax.keras.FusedNumberTokenLossModel(causal_lm, <the ntl row's loss>)"},
+                     "fused": "ntl_jax.keras.FusedNumberTokenLossModel(causal_lm, <the ntl row's loss>, "
+                              "device_kind=<the v5e's>)"},
             "layout": {"sharded": placement.sharded, "kept_whole": placement.kept_whole, "data": "('batch',)"},
             "per_device_bytes": "arguments + outputs + temporaries - aliased, of the compiled step, per device",
             "rows": rows,
