@@ -450,7 +450,10 @@ def _ours(table: str | None, backward: str = "xla"):
         nt = (_llama3 if table == "llama3" else _digits)(vocab)
         options = ({"number_loss": None} if table is None else
                    {"number_loss": "was", "ntl_weight": NTL_WEIGHT})
-        options["backward"] = backward
+        # The chip it is compiled for; on the CPU (the numerical check) the Pallas
+        # kernels interpreted.
+        options["device_kind"] = "cpu" if target is None else target.device_kind
+        options["backward"] = "pallas_interpret" if backward == "pallas" and target is None else backward
 
         def loss(h, k, t):
             return ntl_jax.fused_cross_entropy_and_ntl(h, k, t, nt, loss_normalizing_factor=float(tokens),
@@ -596,22 +599,16 @@ def value_and_grad(loss):
 @contextlib.contextmanager
 def targeting(device, interpret=False):
     """Trace for `device`: the default device (tokamax reads the TPU's properties from
-    it), what Levanter's modules see, the chip ours picks its chunks for, and Pallas
-    interpret mode (CPU checks)."""
+    it), what Levanter's modules see, and Pallas interpret mode (CPU checks). Ours takes
+    the chip as an argument instead (`_ours`)."""
     import jax
-
-    from ntl_jax._core import fused
 
     saved = (_Target.backend, _Target.devices, _PALLAS["interpret"])
     _Target.backend = "tpu" if (device.platform == "tpu" or interpret) else device.platform
     _Target.devices = (device,)
     _PALLAS["interpret"] = interpret
     try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(jax.default_device(device))
-            stack.enter_context(fused.compiling_for(device.device_kind))
-            if interpret:
-                stack.enter_context(fused.pallas_interpreted())
+        with jax.default_device(device):
             yield
     finally:
         _Target.backend, _Target.devices, _PALLAS["interpret"] = saved
@@ -705,7 +702,7 @@ def _ours_ntl_check(impl, h, k, t, vocab, ref_l):
     import ntl_jax
 
     table = "llama3" if "llama3" in impl.name else "digits"
-    backward = "pallas" if impl.pallas else "xla"
+    backward = "pallas_interpret" if impl.pallas else "xla"  # on the CPU
     nt = (_llama3 if table == "llama3" else _digits)(vocab)
     n = float(h.shape[0])
     h3, t2 = h[None], t[None]

@@ -20,7 +20,8 @@ own layout map (`GemmaBackbone.get_layout_map`: the embedding, so the vocabulary
 head's, stays whole), each optimizer slot as its weight, the batch over "batch".
 
 Rows: `keras_scce` (KerasHub's default loss), `ntl` (`NumberTokenLoss`, NTL-WAS, λ 0.3,
-Gemma's ten digits) and `fused` (`FusedNumberTokenLossModel` with the same loss). No
+Gemma's ten digits) and `fused` (`FusedNumberTokenLossModel` with the same loss, its head
+traced for the v5e: `device_kind`). No
 metrics besides Keras's loss tracker (and the fused model's `ntl`). `per_device_bytes`
 is XLA's memory analysis of the compiled step per device: arguments + outputs +
 temporaries - aliased bytes; `bytes_accessed` its cost analysis.
@@ -86,12 +87,14 @@ def build(layers: int, vocab: int):
     return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
 
 
-def model_for(causal_lm, loss_name: str, numbers):
-    """`causal_lm` (or the fused model around it) compiled with the row's loss."""
+def model_for(causal_lm, loss_name: str, numbers, device_kind: str):
+    """`causal_lm` (or the fused model around it, its head traced for the chip
+    `device_kind`) compiled with the row's loss."""
     optimizer = keras.optimizers.AdamW(5e-5, weight_decay=0.01)
     if loss_name == "fused":
         model = ntl_keras.FusedNumberTokenLossModel(
-            causal_lm, ntl_keras.NumberTokenLoss(numbers, number_loss="was", ntl_weight=NTL_WEIGHT))
+            causal_lm, ntl_keras.NumberTokenLoss(numbers, number_loss="was", ntl_weight=NTL_WEIGHT),
+            device_kind=device_kind)
         model.compile(optimizer=optimizer)
         return model
     loss = (keras.losses.SparseCategoricalCrossentropy(from_logits=True) if loss_name == "keras_scce"
@@ -165,7 +168,7 @@ def abstract_batch(batch: int, length: int, sharding):
 
 
 def compile_row(causal_lm, loss_name, numbers, placement, batch, length) -> dict:
-    model = model_for(causal_lm, loss_name, numbers)
+    model = model_for(causal_lm, loss_name, numbers, placement.mesh.devices.flat[0].device_kind)
     zeros = np.zeros((batch, length), np.int32)
     model._symbolic_build(data_batch=({"token_ids": zeros, "padding_mask": zeros.astype(bool)}, zeros,
                                       zeros.astype(bool)))
@@ -253,7 +256,8 @@ def main(argv=None) -> None:
                       args.batch * args.length // MESH_SHAPE[0]},
             "loss": {"keras_scce": "keras.losses.SparseCategoricalCrossentropy(from_logits=True)",
                      "ntl": f"ntl_jax.keras.NumberTokenLoss(number_loss='was', ntl_weight={NTL_WEIGHT})",
-                     "fused": "ntl_jax.keras.FusedNumberTokenLossModel(causal_lm, <the ntl row's loss>)"},
+                     "fused": "ntl_jax.keras.FusedNumberTokenLossModel(causal_lm, <the ntl row's loss>, "
+                              "device_kind=<the v5e's>)"},
             "layout": {"sharded": placement.sharded, "kept_whole": placement.kept_whole, "data": "('batch',)"},
             "per_device_bytes": "arguments + outputs + temporaries - aliased, of the compiled step, per device",
             "rows": rows,

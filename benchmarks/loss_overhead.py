@@ -59,8 +59,8 @@ vocabulary 128,256 with the 1,110 number pieces 0-999, 00-09 and 000-099 at scat
 On a GPU, `--calls 10` queues ten steps per timed sample (dispatch would weigh in on one),
 `--hbm-floor` times reading the logits and writing as much beside the variants, and
 `--formulations all` compiles each NTL variant in each formulation of the number
-statistics (ntl_jax/_core/number_stats.py; each variant traced inside its own
-`forced_formulation` block):
+statistics (ntl_jax/_core/number_stats.py; each variant's number tokens name theirs,
+`with_formulation`):
 
     python benchmarks/loss_overhead.py --shapes 8x1024x32128 --formulations all --hbm-floor --calls 10 --no-ntloss
 """
@@ -199,27 +199,17 @@ def number_loss(kind: str, reweigh: bool = False):
     return losses.LOSSES[kind](**({"reweigh": True} if reweigh else {}))
 
 
-def in_formulation(fn: Callable, formulation: str) -> Callable:
-    """`fn` computing its number statistics in `formulation` ("auto": each backend's own):
-    the override is read when `fn` is traced, and it is traced in its own block here,
-    whatever jitted it."""
-    from ntl_jax._core.number_stats import forced_formulation
-
-    def traced(*args):
-        with forced_formulation(formulation):
-            return fn(*args)
-
-    return traced
-
-
 def jax_variants(number_tokens, kinds=KINDS, formulation="auto") -> dict[str, Callable]:
     """name -> scalar loss(logits, targets); jitted with its logits gradient later.
-    `formulation`: of the number statistics ("auto": each backend's own). Fresh
-    functions on every call: one formulation's trace is never another's."""
+    `formulation`: of the number statistics ("auto": each backend's own), named by the
+    number tokens the variants close over."""
     import jax.numpy as jnp
     import optax
 
     import ntl_jax
+    from ntl_jax._core.number_stats import with_formulation
+
+    number_tokens = with_formulation(number_tokens, formulation)
 
     def objective(kind, reweigh):
         value = None if kind == "none" else number_loss(kind, reweigh)
@@ -229,7 +219,7 @@ def jax_variants(number_tokens, kinds=KINDS, formulation="auto") -> dict[str, Ca
                 logits, targets, number_tokens, number_loss=value, ntl_weight=NTL_WEIGHT,
             )[0]
 
-        return in_formulation(loss, formulation)
+        return loss
 
     variants = {
         "ce": objective("none", False),
@@ -255,6 +245,10 @@ def standalone_variants(number_tokens, kinds=KINDS, floors=False, formulation="a
 
     import ntl_jax
     from ntl_jax._core import head_stats
+    from ntl_jax._core.number_stats import with_formulation
+
+    table = number_tokens  # the floors': each backend's own formulation
+    number_tokens = with_formulation(number_tokens, formulation)
 
     def ce(logits, targets, weights):
         return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
@@ -279,7 +273,7 @@ def standalone_variants(number_tokens, kinds=KINDS, floors=False, formulation="a
         def loss(logits, targets, weights):
             return ce(logits, targets, weights) + NTL_WEIGHT * ntl(logits, targets, weights)
 
-        return in_formulation(loss, formulation)
+        return loss
 
     variants = {"optax_ce": ce, "optax_ce (again)": ce}
     for kind in kinds:
@@ -288,7 +282,7 @@ def standalone_variants(number_tokens, kinds=KINDS, floors=False, formulation="a
     if floors:
         def value_only(logits, targets, weights):
             return ce(logits, targets, weights) + NTL_WEIGHT * ntl_jax.ntl_was(
-                jax.lax.stop_gradient(logits), targets, number_tokens, weights=weights, reduction="mean")
+                jax.lax.stop_gradient(logits), targets, table, weights=weights, reduction="mean")
 
         def one_select(logits, targets, weights):
             # A gradient of one compare and select per element, fused into optax's.

@@ -642,7 +642,9 @@ FUSED_SETTINGS = {
 }
 
 
-def fused_loss(vocab: str, options: dict, mesh=None, sequence_parallel=False):
+def fused_loss(vocab: str, options: dict, mesh=None, sequence_parallel=False, device_kind=None):
+    """The fused head's loss with `options`, traced for the chip `device_kind` (None:
+    this machine's default backend's)."""
     import ntl_jax
 
     nt = number_tokens(vocab)
@@ -652,7 +654,7 @@ def fused_loss(vocab: str, options: dict, mesh=None, sequence_parallel=False):
     def loss(hidden, kernel, targets, weights):
         return ntl_jax.fused_cross_entropy_and_ntl(
             hidden, kernel, targets, nt, weights=weights, ntl_weight=NTL_WEIGHT,
-            loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", **options, **parallel)[0]
+            loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", device_kind=device_kind, **options, **parallel)[0]
 
     return loss
 
@@ -689,11 +691,9 @@ def fused_cost(vocab: str, name: str, layout: str = "one chip", per_trip: bool =
     mesh = None if layout == "one chip" else mesh_of()
     sequence_parallel = layout == "sequence-parallel"
     parallel = mesh if layout in PARALLEL_LAYOUTS else None
-    from ntl_jax._core import fused
-
-    fn = jax_vg(fused_loss(vocab, FUSED_SETTINGS[name], parallel, sequence_parallel), (0, 1))
-    with fused.compiling_for(tpu_devices()[0].device_kind):  # the chunks a v5e gets
-        return measure(fn, fused_args(vocab, mesh, sequence_parallel), per_trip=per_trip)
+    kind = tpu_devices()[0].device_kind  # the chunks a v5e gets
+    fn = jax_vg(fused_loss(vocab, FUSED_SETTINGS[name], parallel, sequence_parallel, kind), (0, 1))
+    return measure(fn, fused_args(vocab, mesh, sequence_parallel), per_trip=per_trip)
 
 
 def fused_rows(vocab="t5", settings=None, hbm_only=None, log=None) -> list[dict]:

@@ -65,7 +65,7 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.fixture(params=FORMULATIONS)
 def formulation(request):
-    """Each formulation in turn, on every backend: a test calls the losses inside
-    `with forced_formulation(formulation):` (`ntl_jax._core.number_stats`), or through
-    `tests.formulation.bound(formulation)`."""
+    """Each formulation in turn, on every backend: a test calls the losses with
+    `with_formulation(number_tokens, formulation)` (`ntl_jax._core.number_stats`), or
+    through `tests.formulation.bound(formulation)`."""
     return request.param

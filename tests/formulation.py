@@ -1,8 +1,8 @@
 """The public API with the formulation of the number statistics under test bound.
 
 `NTL_JAX_FORMULATION=columns`, `gathered` or `reductions` makes the numerical tests
-that import `ntl_jax` from here call every function inside
-`with forced_formulation(...)` (`ntl_jax._core.number_stats`), on every backend, so the
+that import `ntl_jax` from here call every function with its number tokens naming that
+formulation (`with_formulation`, `ntl_jax._core.number_stats`), on every backend, so the
 CPU checks each (`.ci/run` runs them once more with each of the other two); unset, each
 backend takes its own ("auto"). The `formulation` fixture of tests/conftest.py runs a
 test with each in one session (`bound(formulation)`).
@@ -14,7 +14,7 @@ import os
 import types
 
 import ntl_jax
-from ntl_jax._core.number_stats import FORMULATIONS, forced_formulation
+from ntl_jax._core.number_stats import FORMULATIONS, with_formulation
 
 FORMULATION = os.environ.get("NTL_JAX_FORMULATION") or "auto"
 if FORMULATION not in ("auto",) + FORMULATIONS:
@@ -27,18 +27,19 @@ class _Bound(types.SimpleNamespace):
 
 
 def _under(formulation: str, fn):
+    def named(value):
+        return with_formulation(value, formulation) if isinstance(value, ntl_jax.NumberTokens) else value
+
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        # The formulation is read when the statistics are traced: inside the call.
-        with forced_formulation(formulation):
-            return fn(*args, **kwargs)
+        return fn(*map(named, args), **{key: named(value) for key, value in kwargs.items()})
 
     return call
 
 
 def bound(formulation: str):
-    """`ntl_jax`, each of its public functions called inside `with forced_formulation(formulation):`
-    (another formulation for one call: `bound(name).function(...)`)."""
+    """`ntl_jax`, each of its public functions called with its `NumberTokens` arguments
+    naming `formulation` (another formulation for one call: `bound(name).function(...)`)."""
     if formulation != "auto" and formulation not in FORMULATIONS:
         raise ValueError(f"expected a formulation in {('auto',) + FORMULATIONS}, got {formulation!r}")
     functions = {name: _under(formulation, getattr(ntl_jax, name)) for name in ntl_jax.__all__

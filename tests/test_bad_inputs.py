@@ -586,8 +586,8 @@ def test_reweigh_is_accurate_at_large_logits(scale, number_bias, targets_at):
         targets = jax.random.randint(jax.random.PRNGKey(8), (4, 16), 4, V)
     # The mass, relative to itself; the rest, a few ulps of 1 (`number_mass`'s contract).
     everywhere = number_target(jnp.zeros(logits.shape[:-1], jnp.int32), None, V, NT)  # every position kept
-    with number_stats.forced_formulation(FORMULATION):
-        numbers = number_stats.number_stats(logits, everywhere, NT, number_stats.NumberReads())
+    numbers = number_stats.number_stats(logits, everywhere, number_stats.with_formulation(NT, FORMULATION),
+                                        number_stats.NumberReads())
     _, (mass, rest) = head_stats._number_mass(logits, numbers, everywhere.keep, logits)
     e = np.exp(np.asarray(logits, np.float64) - np.asarray(logits, np.float64).max(-1, keepdims=True))
     want_mass = e[..., 4:].sum(-1) / e.sum(-1)

@@ -252,13 +252,12 @@ def test_every_formulation_beside_the_hbm_floor(tmp_path):
 
 
 def test_each_variant_is_traced_in_its_own_formulation():
-    """A variant built for a formulation traces in it whatever block surrounds the trace
-    (the override is read at trace time): one program per formulation, none of them the
-    backend's choice (`platform_dependent`), which the default variant keeps."""
+    """A variant built for a formulation traces in it: one program per formulation, none
+    of them the backend's choice (`platform_dependent`), which the default variant keeps."""
     import jax
     import jax.numpy as jnp
 
-    from ntl_jax._core.number_stats import FORMULATIONS, forced_formulation
+    from ntl_jax._core.number_stats import FORMULATIONS
 
     bench = _load("loss_overhead")
     _, number_tokens = bench.vocabulary("t5", 64)
@@ -266,9 +265,8 @@ def test_each_variant_is_traced_in_its_own_formulation():
     logits, targets = jnp.asarray(logits_np), jnp.asarray(targets_np, jnp.int32)
     weights = jnp.asarray(bench.make_weights((2, 8, 64)))
 
-    def traced(variants, name, args, outer):
-        with forced_formulation(outer):
-            return str(jax.make_jaxpr(jax.value_and_grad(variants[name]))(*args))
+    def traced(variants, name, args):
+        return str(jax.make_jaxpr(jax.value_and_grad(variants[name]))(*args))
 
     for usage, args in (("objective", (logits, targets)), ("standalone", (logits, targets, weights))):
         def made(formulation, usage=usage):
@@ -276,14 +274,10 @@ def test_each_variant_is_traced_in_its_own_formulation():
                 return bench.jax_variants(number_tokens, ("was",), formulation)
             return bench.standalone_variants(number_tokens, ("was",), formulation=formulation)
 
-        programs = {}
-        for formulation in FORMULATIONS:
-            programs[formulation] = {traced(made(formulation), "was+rw", args, outer)
-                                     for outer in ("auto",) + FORMULATIONS}
-            assert len(programs[formulation]) == 1, (usage, formulation)  # the surrounding block changes nothing
-        assert len({program for (program,) in programs.values()}) == len(FORMULATIONS), usage
-        assert not any("platform_index" in program for (program,) in programs.values()), usage
-        assert "platform_index" in traced(made("auto"), "was+rw", args, "columns"), usage
+        programs = {formulation: traced(made(formulation), "was+rw", args) for formulation in FORMULATIONS}
+        assert len(set(programs.values())) == len(FORMULATIONS), usage
+        assert not any("platform_index" in program for program in programs.values()), usage
+        assert "platform_index" in traced(made("auto"), "was+rw", args), usage
 
 
 def test_bad_formulations_or_calls_are_rejected():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ntl_jax import NumberTokens, cross_entropy_and_ntl, fused_cross_entropy_and_ntl, losses
-from ntl_jax._core.fused import default_chunk_size
+from ntl_jax._core.fused_plan import default_chunk_size
 from tests import xla_flags
 from tests.objective_options import FACTORS, OPTIONS
 
@@ -165,6 +165,7 @@ def test_tied_embedding_and_logit_scaling_as_documented():
         (dict(targets=jnp.zeros((B, L))), "integer targets"),
         (dict(chunk_size=0), "chunk_size None or a positive int"),
         (dict(chunk_size=2.5), "chunk_size None or a positive int"),
+        (dict(device_kind=jax.devices()[0]), "expected device_kind None or a jax.Device.device_kind"),
         (dict(ntl_weight=-1.0), "ntl_weight"),
         (dict(number_loss="wass"), "number loss in.*got 'wass'"),
         (dict(number_loss=len), "expected number_loss a NumberLoss or a spec string, got the function"),
@@ -201,14 +202,9 @@ def test_default_chunk_size():
     ("cpu", 1024, 1024, 1024),
 ])
 def test_default_chunk_size_on_each_chip(chip, llama3, qwen3, gemma):
-    from ntl_jax._core import fused
-
-    with fused.compiling_for(chip):
-        assert [default_chunk_size(8192, vocab, d) for vocab, d in ((128256, 4096), (151936, 1024), (256000, 2304))] \
-            == [llama3, qwen3, gemma]
-    assert default_chunk_size(8192, 128256, 4096) == 1024  # the block ended
-    with fused.compiling_for("TPU v5"):
-        assert default_chunk_size(64, 3000, 4096) == 3000  # never past the vocabulary
+    assert [default_chunk_size(8192, vocab, d, chip) for vocab, d in ((128256, 4096), (151936, 1024), (256000, 2304))] \
+        == [llama3, qwen3, gemma]
+    assert default_chunk_size(64, 3000, 4096, "TPU v5") == 3000  # never past the vocabulary
 
 
 def _compiled_value_and_grad(f, *shapes):
@@ -280,8 +276,35 @@ def test_sharded_on_batch_and_vocabulary_equals_unsharded():
     assert "sharded equals unsharded" in run_on_eight_cpu_devices(SHARDED)
 
 
+def test_no_module_level_state_decides_how_the_head_computes():
+    # The chip, the chunk, the backward and Pallas' interpret mode are one static
+    # argument (`FusedPlan`), the formulation of the number statistics is named by the
+    # number tokens: no module of the core holds a list or set read while tracing, and
+    # none has a context manager to set one.
+    import importlib
+    import inspect
+    import pkgutil
+
+    from ntl_jax import _core
+    from ntl_jax._core import fused, fused_plan, number_stats
+
+    assert not any(hasattr(fused, name) for name in ("_compiling_for", "_pallas_interpreted", "compiling_for",
+                                                      "pallas_interpreted"))
+    assert not hasattr(number_stats, "_forced") and not hasattr(number_stats, "forced_formulation")
+    for module in pkgutil.iter_modules(_core.__path__):
+        source = inspect.getsource(importlib.import_module(f"ntl_jax._core.{module.name}"))
+        assert "contextmanager" not in source, module.name
+        state = [name for name, value in vars(importlib.import_module(f"ntl_jax._core.{module.name}")).items()
+                 if isinstance(value, (list, set))]
+        assert not state, (module.name, state)
+    plan = fused_plan.plan((1, 8, 4), 300, device_kind="TPU v5 lite", backward="pallas_interpret")
+    assert plan == fused_plan.FusedPlan("TPU v5 lite", 300, True, "pallas", True) and hash(plan) == hash(
+        fused_plan.FusedPlan("TPU v5 lite", 300, True, "pallas", True))
+    assert fused_plan.plan((1, 8, 4), 300, device_kind="cpu") == fused_plan.FusedPlan(None, 300, False)
+
+
 def test_the_top_token_is_the_argmax_of_the_logits():
-    from ntl_jax._core import pipeline
+    from ntl_jax._core import fused_plan, pipeline
     from ntl_jax._core.fused import head_stats_from_hidden
     from ntl_jax._core.options import Options
     from ntl_jax._core.targets import number_target
@@ -293,8 +316,9 @@ def test_the_top_token_is_the_argmax_of_the_logits():
     for chunk_size in (7, 69):
         target = number_target(targets, weights, kernel.shape[1], NT, gce_sigma=options.gce_sigma)
         reads = pipeline.reads(options.number_loss, with_value=True)
-        _, top = head_stats_from_hidden(hidden, kernel, target, NT, reads, label_smoothing=options.label_smoothing,
-                                        with_masses=False, chunk_size=chunk_size, with_top=True)
+        plan = fused_plan.plan(hidden.shape, kernel.shape[1], chunk_size=chunk_size)
+        _, top = head_stats_from_hidden(hidden, kernel, target, NT, reads, plan,
+                                        label_smoothing=options.label_smoothing, with_top=True)
         np.testing.assert_array_equal(target.ids, jnp.where(keep, targets, -1))
         logits = jnp.einsum("bld,dv->blv", jnp.where(keep[..., None], hidden, 0.0), kernel)
         np.testing.assert_array_equal(top, jnp.argmax(logits, axis=-1))

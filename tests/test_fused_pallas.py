@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ntl_jax import fused_cross_entropy_and_ntl, losses
-from ntl_jax._core import fused, fused_pallas
+from ntl_jax._core import fused_pallas
 from tests import test_fused
 from tests.objective_options import OPTIONS
 from tests.test_fused import NT, NT_WIDE, _assert_same, _inputs, _packed, run_on_eight_cpu_devices
@@ -20,8 +20,7 @@ _CHOSEN = ["was", "number_level", "smoothing-z", "was_cdf-gce", "dist2-smoothing
 
 def _both(hidden, kernel, targets, **kwargs):
     """`test_fused._both` with the Pallas backward, interpreted."""
-    with fused.pallas_interpreted():
-        return test_fused._both(hidden, kernel, targets, fused_only={"backward": "pallas"}, **kwargs)
+    return test_fused._both(hidden, kernel, targets, fused_only={"backward": "pallas_interpret"}, **kwargs)
 
 
 @pytest.mark.parametrize("name", _CHOSEN)
@@ -48,8 +47,7 @@ def test_bfloat16_gradients_match_the_xla_backward():
 
         return jax.grad(f, argnums=(0, 1))(hidden, kernel)
 
-    with fused.pallas_interpreted():
-        pallas = grads("pallas")
+    pallas = grads("pallas_interpret")
     for a, b in zip(grads("xla"), pallas):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         assert a.dtype == b.dtype
@@ -84,7 +82,7 @@ def test_off_a_tpu_the_pallas_backward_is_refused():
     hidden, kernel, targets, _ = _inputs()
     with pytest.raises(ValueError, match="expected a TPU for backward='pallas'.*got cpu"):
         fused_cross_entropy_and_ntl(hidden, kernel, targets, NT, backward="pallas")
-    with pytest.raises(ValueError, match="expected backward 'xla' or 'pallas', got 'mosaic'"):
+    with pytest.raises(ValueError, match="expected backward 'xla', 'pallas' or 'pallas_interpret', got 'mosaic'"):
         fused_cross_entropy_and_ntl(hidden, kernel, targets, NT, backward="mosaic")
 
 
@@ -93,7 +91,6 @@ SHARDED = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl
-    from ntl_jax._core import fused
     pieces = ["<pad>", "</s>"] + [str(d) for d in range(10)] + [f"w{i}" for i in range(500)]
     nt = NumberTokens.from_pieces(pieces)
     rng = np.random.default_rng(0)
@@ -105,10 +102,9 @@ SHARDED = textwrap.dedent(
         return fused_cross_entropy_and_ntl(h, k, targets, nt, number_loss="was", vocab_axis=axis,
                                            mesh=mesh if axis else None, backward=backward)[0]
     reference = jax.value_and_grad(loss, argnums=(0, 1))(hidden, kernel, None, "xla")
-    with fused.pallas_interpreted():
-        sharded = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=(2, 3))(
-            jax.device_put(hidden, NamedSharding(mesh, P("data", None, None))),
-            jax.device_put(kernel, NamedSharding(mesh, P(None, "model"))), "model", "pallas")
+    sharded = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=(2, 3))(
+        jax.device_put(hidden, NamedSharding(mesh, P("data", None, None))),
+        jax.device_put(kernel, NamedSharding(mesh, P(None, "model"))), "model", "pallas_interpret")
     for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(sharded)):
         a, b = np.asarray(a), np.asarray(b)
         assert np.max(np.abs(a - b)) <= 2e-5 * np.max(np.abs(a)), np.max(np.abs(a - b))

@@ -17,6 +17,7 @@ neither the copy nor the abort, so there these tests hold either way.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -36,7 +37,7 @@ import tpu_cost  # noqa: E402
 import vocabularies  # noqa: E402
 
 import ntl_jax  # noqa: E402
-from ntl_jax._core import fused  # noqa: E402
+from ntl_jax._core import fused, fused_plan  # noqa: E402
 
 TOKENS, D, V = 1024, 2048, 65536  # a 256 MiB bf16 kernel; a default chunk of 8,192 columns
 
@@ -55,14 +56,13 @@ def test_the_fused_head_holds_no_copy_of_the_kernel(chip, table):
 
     def loss(hidden, kernel, targets):
         return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, ntl_weight=0.3,
-                                                   label_smoothing=0.1)[0]
+                                                   label_smoothing=0.1, device_kind=chip.device_kind)[0]
 
     sharding = jax.sharding.SingleDeviceSharding(chip)
     args = (jax.ShapeDtypeStruct((1, TOKENS, D), jnp.bfloat16, sharding=sharding),
             jax.ShapeDtypeStruct((D, V), jnp.bfloat16, sharding=sharding),
             jax.ShapeDtypeStruct((1, TOKENS), jnp.int32, sharding=sharding))
-    with fused.compiling_for(chip.device_kind):
-        compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*args).compile()
+    compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*args).compile()
     kernel_bytes = D * V * 2
     temp = compiled.memory_analysis().temp_size_in_bytes
     # The chunk's float32 logits and their gradient: 48 MiB of it.
@@ -76,16 +76,56 @@ def test_the_fused_head_compiles_with_a_number_token_at_id_0(chip, first):
     nt = ntl_jax.NumberTokens.from_pieces(pieces)
 
     def loss(hidden, kernel, targets):
-        return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, ntl_weight=0.3)[0]
+        return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, ntl_weight=0.3,
+                                                   device_kind=chip.device_kind)[0]
 
     sharding = jax.sharding.SingleDeviceSharding(chip)
     args = (jax.ShapeDtypeStruct((1, 256, 128), jnp.bfloat16, sharding=sharding),
             jax.ShapeDtypeStruct((128, 4096), jnp.bfloat16, sharding=sharding),
             jax.ShapeDtypeStruct((1, 256), jnp.int32, sharding=sharding))
     # An abort of the compiler ends this process: the test fails with it.
-    with fused.compiling_for(chip.device_kind):
-        compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*args).compile()
+    compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*args).compile()
     assert compiled.memory_analysis().temp_size_in_bytes > 0
+
+
+def _kernel_gathers(lowered, kernel_type: str) -> list[str]:
+    """The result types of the gathers from the kernel (`kernel_type`) in a lowered program."""
+    lines = [line for line in lowered.as_text().splitlines() if '"stablehlo.gather"' in line]
+    return sorted(re.search(r"-> (tensor<[^>]*>)", line).group(1) for line in lines
+                  if re.search(r"\}> : \(" + re.escape(kernel_type), line))
+
+
+def test_the_chip_is_named_and_each_gets_its_own_program(chip):
+    # One jitted function, the same shapes: traced for this machine's CPU, then ahead of
+    # time for a v5e chip named by `device_kind`. Each trace has its own program in jit's
+    # cache: the CPU's gathers the target's column and the number tokens' columns from
+    # the kernel; the TPU's gathers nothing from it (the target's logit is picked in
+    # the chunk's one reduction, a column at a time for the number tokens).
+    nt = ntl_jax.NumberTokens.from_pieces(["x"] * 7 + [str(i) for i in range(10)] + ["x"] * 4079)
+    traced = []
+
+    def loss(hidden, kernel, targets, device_kind=None):
+        traced.append(device_kind)
+        return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, device_kind=device_kind)[0]
+
+    step = jax.jit(jax.value_and_grad(loss, (0, 1)), static_argnames="device_kind")
+
+    def args(device):
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        return (jax.ShapeDtypeStruct((1, 256, 128), jnp.bfloat16, sharding=sharding),
+                jax.ShapeDtypeStruct((128, 4096), jnp.bfloat16, sharding=sharding),
+                jax.ShapeDtypeStruct((1, 256), jnp.int32, sharding=sharding))
+
+    cpu = step.lower(*args(jax.devices("cpu")[0]))
+    tpu = step.lower(*args(chip), device_kind=chip.device_kind)
+    assert step.lower(*args(jax.devices("cpu")[0])).as_text() == cpu.as_text()
+    assert traced == [None, chip.device_kind]  # the CPU's lowered again from jit's cache
+    kernel = "tensor<128x4096xbf16>"
+    assert set(_kernel_gathers(cpu, kernel)) == {"tensor<128x10xbf16>", "tensor<128x256xbf16>"}
+    assert _kernel_gathers(tpu, kernel) == []
+    one_reduction = r"stablehlo.reduce(\(%\w+ init: %\w+\),? ){3}across dimensions = \[1\] : \(tensor<256x4096xf32>"
+    assert re.search(one_reduction, tpu.as_text()) and not re.search(one_reduction, cpu.as_text())
+    assert tpu.compile().memory_analysis().temp_size_in_bytes < 128 * 4096 * 2
 
 
 @pytest.mark.parametrize("compared", [128, 0], ids=["compared", "searched"])
@@ -104,7 +144,9 @@ def test_the_columns_one_by_one_are_the_columns():
     rows = jax.jit(fused.columns_one_by_one)(kernel, ids)
     assert rows.dtype == kernel.dtype
     assert jnp.array_equal(rows, kernel[:, ids].T)
-    assert jnp.array_equal(fused._columns(kernel, ids), kernel[:, ids].T)
+    for kind in (None, "TPU v5 lite"):
+        plan = fused_plan.plan((1, 8, 6), 40, device_kind=kind or "cpu")
+        assert jnp.array_equal(fused._columns(kernel, ids, plan), kernel[:, ids].T)
 
 
 @pytest.mark.parametrize("offset", [0, 24])
@@ -136,14 +178,13 @@ def test_the_pallas_backward_compiles_for_the_chip(chip, dtype, table):
 
     def loss(hidden, kernel, targets):
         return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, ntl_weight=0.3, label_smoothing=0.1,
-                                                   backward="pallas")[0]
+                                                   backward="pallas", device_kind=chip.device_kind)[0]
 
     sharding = jax.sharding.SingleDeviceSharding(chip)
     args = (jax.ShapeDtypeStruct((1, TOKENS, D), dtype, sharding=sharding),
             jax.ShapeDtypeStruct((D, V), dtype, sharding=sharding),
             jax.ShapeDtypeStruct((1, TOKENS), jnp.int32, sharding=sharding))
-    with fused.compiling_for(chip.device_kind):
-        compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*args).compile()
+    compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*args).compile()
     text = compiled.as_text()
     assert "ntl_hidden_grad" in text and "ntl_kernel_grad" in text
     if dtype == jnp.bfloat16:

@@ -14,7 +14,7 @@ import pytest
 
 import ntl_jax
 from ntl_jax import NumberTokens, losses
-from ntl_jax._core.number_stats import forced_formulation
+from ntl_jax._core.number_stats import with_formulation
 from tests.conftest import FORMULATIONS
 from tests.grid import pairwise
 
@@ -56,10 +56,10 @@ def test_16_bit_gradient_is_the_rounded_float32_gradient(count, dtype, formulati
     """End to end: the gradient is the float32 one of the widened logits, rounded once
     (half a unit in the last place, also among the subnormals), and 0 off the numbers."""
     nt, logits, targets, weights = problem(count)
+    nt = with_formulation(nt, formulation)
 
     def f(x):
-        with forced_formulation(formulation):
-            return ntl_jax.ntl_was(x, targets, nt, weights=weights, reduction="mean")
+        return ntl_jax.ntl_was(x, targets, nt, weights=weights, reduction="mean")
 
     grad = jax.jit(jax.grad(f))(logits.astype(dtype))
     want = jax.jit(jax.grad(f))(logits.astype(dtype).astype(jnp.float32))
@@ -84,10 +84,10 @@ def test_16_bit_objective_gradient_is_the_rounded_float32_gradient(count, option
     smoothing, number columns, reweigh's mass) adds up in float32 and is rounded to the
     logits' dtype once, and the loss is the float32 one of the widened logits."""
     nt, logits, targets, weights = problem(count)
+    nt = with_formulation(nt, formulation)
 
     def f(x):
-        with forced_formulation(formulation):
-            return ntl_jax.cross_entropy_and_ntl(x, targets, nt, weights=weights, z_loss=1e-4, **options)[0]
+        return ntl_jax.cross_entropy_and_ntl(x, targets, nt, weights=weights, z_loss=1e-4, **options)[0]
 
     value, grad = jax.jit(jax.value_and_grad(f))(logits.astype(dtype))
     want_value, want = jax.jit(jax.value_and_grad(f))(logits.astype(dtype).astype(jnp.float32))
@@ -105,11 +105,11 @@ def test_16_bit_objective_forward_mode_and_hessian(dtype, reweigh, formulation):
     Hessian is the float32 one of the widened logits, with reweigh too."""
     nt, logits, targets, weights = problem(10, vocab=40)
     low = logits[:1, :3].astype(dtype)
+    nt = with_formulation(nt, formulation)
 
     def f(x):
-        with forced_formulation(formulation):
-            return ntl_jax.cross_entropy_and_ntl(x, targets[:1, :3], nt, weights=weights[:1, :3],
-                                                 number_loss=losses.mse(reweigh=reweigh), label_smoothing=0.1)[0]
+        return ntl_jax.cross_entropy_and_ntl(x, targets[:1, :3], nt, weights=weights[:1, :3],
+                                             number_loss=losses.mse(reweigh=reweigh), label_smoothing=0.1)[0]
 
     assert_forward_mode_and_hessian(f, low)
 
@@ -121,10 +121,10 @@ def test_16_bit_forward_mode_and_hessian(dtype, formulation):
     differentiation composes)."""
     nt, logits, targets, weights = problem(10, vocab=40)
     low = logits[:1, :3].astype(dtype)
+    nt = with_formulation(nt, formulation)
 
     def f(x):
-        with forced_formulation(formulation):
-            return ntl_jax.ntl_was(x, targets[:1, :3], nt, weights=weights[:1, :3], reduction="sum")
+        return ntl_jax.ntl_was(x, targets[:1, :3], nt, weights=weights[:1, :3], reduction="sum")
 
     assert_forward_mode_and_hessian(f, low)
 
@@ -225,9 +225,9 @@ def test_reweigh_gradient_off_the_numbers_at_a_small_number_mass(shift, formulat
     want = (c - w) * mass * p
     want[ids] = mass * inner * (distance - w) + (w - c) * p[ids] * rest
     assert (1e-6 < mass < 3e-6) if shift == 3.0 else (3e-13 < mass < 3e-12), mass
-    with forced_formulation(formulation):
-        got = np.asarray(jax.grad(lambda z: ntl_jax.ntl_was(z, target, nt, reweigh=True, reduction="sum"))(
-            jnp.asarray(logits, jnp.float32)))[0, 0].astype(np.float64)
+    nt = with_formulation(nt, formulation)
+    got = np.asarray(jax.grad(lambda z: ntl_jax.ntl_was(z, target, nt, reweigh=True, reduction="sum"))(
+        jnp.asarray(logits, jnp.float32)))[0, 0].astype(np.float64)
     relative = np.abs(got[~is_number] - want[~is_number]) / np.abs(want[~is_number])
     assert np.median(relative) <= 1e-5, np.median(relative)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1e-5

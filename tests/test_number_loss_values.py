@@ -14,7 +14,7 @@ import pytest
 
 import ntl_jax
 from ntl_jax import NumberTokens, losses
-from ntl_jax._core.number_stats import forced_formulation
+from ntl_jax._core.number_stats import with_formulation
 from tests.objective_options import SQUARED_DISTANCE
 
 # Digits at scattered ids, a two-digit piece, a sign, words.
@@ -404,16 +404,16 @@ def test_a_loss_of_your_own_through_number_token_loss(number_loss, formulation):
     logits, targets, weights = inputs(seed=1)
     per_position, counted, grad = reference(logits, targets, weights, reweigh=number_loss.reweigh)
     assert counted.sum() >= 12 and (~counted).sum() >= 4
-    with forced_formulation(formulation):
-        got = ntl_jax.number_token_loss(logits, targets, NT, number_loss=number_loss, weights=weights)
-        np.testing.assert_allclose(np.asarray(got, np.float64), per_position, rtol=1e-5, atol=1e-5)
-        for reduction, want in (("sum", per_position.sum()),
-                                ("mean", per_position.sum() / np.where(counted, weights, 0).sum())):
-            value, got_grad = jax.value_and_grad(lambda x: ntl_jax.number_token_loss(
-                x, targets, NT, number_loss=number_loss, weights=weights, reduction=reduction))(logits)
-            np.testing.assert_allclose(float(value), want, rtol=1e-5)
-            _assert_gradient(got_grad, grad * (want / per_position.sum()))
-            assert not np.asarray(got_grad)[1, 6].any()  # the ignored position, NaN logits and all
+    nt = with_formulation(NT, formulation)
+    got = ntl_jax.number_token_loss(logits, targets, nt, number_loss=number_loss, weights=weights)
+    np.testing.assert_allclose(np.asarray(got, np.float64), per_position, rtol=1e-5, atol=1e-5)
+    for reduction, want in (("sum", per_position.sum()),
+                            ("mean", per_position.sum() / np.where(counted, weights, 0).sum())):
+        value, got_grad = jax.value_and_grad(lambda x: ntl_jax.number_token_loss(
+            x, targets, nt, number_loss=number_loss, weights=weights, reduction=reduction))(logits)
+        np.testing.assert_allclose(float(value), want, rtol=1e-5)
+        _assert_gradient(got_grad, grad * (want / per_position.sum()))
+        assert not np.asarray(got_grad)[1, 6].any()  # the ignored position, NaN logits and all
 
 
 @pytest.mark.parametrize("factor", [None, 7.0])
@@ -424,11 +424,10 @@ def test_a_loss_of_your_own_through_the_objective(number_loss, factor, formulati
         logits, targets, weights, factor=1.0 if factor is None else factor, reweigh=number_loss.reweigh)
 
     def objective(x):
-        return ntl_jax.cross_entropy_and_ntl(x, targets, NT, weights=weights, number_loss=number_loss,
-                                             loss_normalizing_factor=factor)
+        return ntl_jax.cross_entropy_and_ntl(x, targets, with_formulation(NT, formulation), weights=weights,
+                                             number_loss=number_loss, loss_normalizing_factor=factor)
 
-    with forced_formulation(formulation):
-        (loss, parts), grad = jax.value_and_grad(objective, has_aux=True)(logits)
+    (loss, parts), grad = jax.value_and_grad(objective, has_aux=True)(logits)
     np.testing.assert_allclose(float(loss), want, rtol=1e-5)
     np.testing.assert_allclose(float(parts["cross_entropy"]), ce, rtol=1e-5)
     np.testing.assert_allclose(float(parts["ntl"]), ntl / ntl_weight_sum, rtol=1e-5)

@@ -11,7 +11,7 @@ import pytest
 
 import ntl_jax
 from ntl_jax import NumberTokens, losses
-from ntl_jax._core.number_stats import FORMULATIONS, forced_formulation
+from ntl_jax._core.number_stats import FORMULATIONS, with_formulation
 from tests.objective_options import SQUARED_DISTANCE
 
 PIECES = ["<pad>", "</s>", "x"] + list("0123456789")  # digit d is id 3 + d
@@ -173,16 +173,16 @@ def _user_objective_numpy(hidden, kernel, weights, factor):
     return loss, d_logits @ k.T, np.einsum("bld,blv->dv", h, d_logits)
 
 
-def _user_objectives(hidden, kernel, weights, **options):
+def _user_objectives(hidden, kernel, weights, nt=NT, **options):
     """`{name: ((loss, parts), (d hidden, d kernel))}` from the logits and from the fused head."""
     common = dict(weights=weights, number_loss=SQUARED_DISTANCE, ntl_weight=NTL_WEIGHT,
                   loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", **options)
 
     def unfused(h, k):
-        return ntl_jax.cross_entropy_and_ntl(h @ k, TARGETS, NT, **common)
+        return ntl_jax.cross_entropy_and_ntl(h @ k, TARGETS, nt, **common)
 
     def fused(h, k):
-        return ntl_jax.fused_cross_entropy_and_ntl(h, k, TARGETS, NT, chunk_size=5, **common)
+        return ntl_jax.fused_cross_entropy_and_ntl(h, k, TARGETS, nt, chunk_size=5, **common)
 
     return {name: jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(hidden, kernel)
             for name, f in (("objective", unfused), ("fused", fused))}
@@ -193,8 +193,7 @@ def test_a_users_loss_equals_its_numpy_reference_through_the_objective_and_the_f
     hidden, kernel = _hidden_and_kernel()
     weights = jnp.asarray(REAL, jnp.float32)
     want_loss, want_dh, want_dk = _user_objective_numpy(hidden, kernel, REAL, 3.0)
-    with forced_formulation(formulation):
-        results = _user_objectives(hidden, kernel, weights)
+    results = _user_objectives(hidden, kernel, weights, with_formulation(NT, formulation))
     logits = np.asarray(hidden @ kernel, np.float64)
     user = _squared_distance(logits)
     for name, ((loss, parts), (dh, dk)) in results.items():

@@ -18,7 +18,7 @@ from jax.test_util import check_grads
 import ntl_jax
 from ntl_jax import NumberTokens, losses
 from ntl_jax._core import digit_runs, variants
-from ntl_jax._core.number_stats import FORMULATIONS, forced_formulation
+from ntl_jax._core.number_stats import FORMULATIONS, with_formulation
 from ntl_jax._core.targets import number_target
 from tests import number_loss_references as ref
 
@@ -76,9 +76,8 @@ def test_every_variant_equals_its_reference_in_every_formulation(nt, number_loss
         return
 
     def loss(x):
-        with forced_formulation(formulation):
-            return ntl_jax.number_token_loss(x, targets, nt, number_loss=number_loss, weights=weights,
-                                             reduction="sum")
+        return ntl_jax.number_token_loss(x, targets, with_formulation(nt, formulation), number_loss=number_loss,
+                                         weights=weights, reduction="sum")
 
     value, grad = jax.value_and_grad(loss)(logits)
     clean = jnp.nan_to_num(logits)
@@ -356,8 +355,8 @@ def test_16_bit_logits_compute_in_float32(kind, dtype, formulation):
     low = jnp.nan_to_num(logits).astype(dtype)
 
     def f(x):
-        with forced_formulation(formulation):
-            return ntl_jax.number_token_loss(x, targets, DIGITS, number_loss=kind, weights=weights, reduction="sum")
+        return ntl_jax.number_token_loss(x, targets, with_formulation(DIGITS, formulation), number_loss=kind,
+                                         weights=weights, reduction="sum")
 
     value, grad = jax.value_and_grad(f)(low)
     want, want_grad = jax.value_and_grad(f)(low.astype(jnp.float32))
@@ -374,9 +373,9 @@ def test_finite_at_extreme_logits(kind, scale):
     logits, targets, weights = inputs(DIGITS, seed=11)
     extreme = jnp.sign(jnp.nan_to_num(logits)) * scale
     for formulation in FORMULATIONS:
-        with forced_formulation(formulation):
-            value, grad = jax.value_and_grad(lambda x: ntl_jax.number_token_loss(
-                x, targets, DIGITS, number_loss=kind, weights=weights, reduction="mean"))(extreme)
+        value, grad = jax.value_and_grad(lambda x: ntl_jax.number_token_loss(
+            x, targets, with_formulation(DIGITS, formulation), number_loss=kind, weights=weights,
+            reduction="mean"))(extreme)
         assert np.isfinite(float(value)) and np.isfinite(np.asarray(grad)).all()
 
 

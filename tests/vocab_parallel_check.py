@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl, losses  # noqa: E402
-from ntl_jax._core import pipeline  # noqa: E402
+from ntl_jax._core import fused_plan, pipeline  # noqa: E402
 from ntl_jax._core.fused import head_stats_from_hidden  # noqa: E402
 from ntl_jax._core.options import Options  # noqa: E402
 from ntl_jax._core.targets import number_target  # noqa: E402
@@ -178,9 +178,9 @@ def check_bfloat16_and_the_argmax():
     def top(shards):
         options = Options(number_loss=None)
         target = number_target(targets, weights, VOCAB, NT, gce_sigma=options.gce_sigma)
+        plan = fused_plan.plan(hidden.shape, VOCAB, shards, chunk_size=CHUNK)
         return head_stats_from_hidden(hidden, kernel, target, NT, pipeline.reads(options.number_loss, with_value=True),
-                                      label_smoothing=options.label_smoothing, with_masses=False,
-                                      chunk_size=CHUNK, with_top=True, shards=shards)[1]
+                                      plan, label_smoothing=options.label_smoothing, with_top=True, shards=shards)[1]
 
     sharded = jax.jit(lambda: top(vocab_shards("model", mesh, VOCAB, B)))()
     logits = jnp.einsum("bld,dv->blv", jnp.where((weights > 0)[..., None], hidden, 0.0), kernel)

@@ -187,6 +187,12 @@ def check_chunk_size(chunk_size, name: str = "chunk_size") -> None:
         raise ValueError(f"expected {name} None or a positive int, got {chunk_size!r}")
 
 
+def check_device_kind(device_kind, name: str = "device_kind") -> None:
+    if device_kind is not None and not isinstance(device_kind, str):
+        raise TypeError(f"expected {name} None or a jax.Device.device_kind such as 'TPU v5 lite', "
+                        f"got {type(device_kind).__name__} {device_kind!r}")
+
+
 def check_reduction(reduction: str) -> None:
     if reduction not in REDUCTIONS:
         raise ValueError(f"expected reduction in {REDUCTIONS}, got {reduction!r}")

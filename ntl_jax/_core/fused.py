@@ -12,7 +12,9 @@ the backward pass, writing each chunk of the kernel's gradient once (chunking ov
 vocabulary rather than the tokens needs no float32 accumulator the size of the kernel).
 On a TPU each chunk is folded into the statistics by one reduction, which the
 compiler fuses with the chunk's product (`_one_pass`); `backward="pallas"` replaces the
-backward loop with `fused_pallas`'s two kernels. From the statistics on
+backward loop with `fused_pallas`'s two kernels. Which of these it does, and its chunk,
+is decided once where the head is entered (`fused_plan.FusedPlan`, a static argument
+here). From the statistics on
 (`head_stats.HeadStats`), the arithmetic is `cross_entropy_and_ntl`'s own
 (`objective.objective_from_head`).
 
@@ -25,83 +27,20 @@ kernel's gradient, so the kernel is never gathered.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
 
-from ntl_jax._core import number_stats, vocab_parallel
+from ntl_jax._core import head_stats, number_stats, vocab_parallel
+from ntl_jax._core.fused_plan import FusedPlan
 from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.number_stats import NumberReads
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.targets import NumberTarget
 
-# Default chunk: about this many float32 logits held at a time (32 MiB).
-_CHUNK_ELEMENTS = 1 << 23
-# On a TPU, the backward pass reads and writes the float32 gradient of the hidden states
-# once per chunk. Where the compiler keeps it and a chunk's logits on chip, the default
-# chunk costs no such traffic; elsewhere fewer, wider chunks (8 x d_model columns, at
-# most this many float32 logits: 512 MiB) cut it. The on-chip room, by device kind, is
-# what benchmarks/fused_anchors.py found the compiler to use (docs/performance.md).
-_WIDE_CHUNK_ELEMENTS = 1 << 27
-_ON_CHIP_BYTES = {"TPU v5 lite": 112 << 20}
-_compiling_for: list[str] = []
-_pallas_interpreted: list[bool] = []
 # Up to this many number tokens a column is compared with each (a search costs more).
 _COMPARED_IDS = 128
-
-
-def default_chunk_size(num_tokens: int, vocab: int, d_model: int | None = None) -> int:
-    """Vocabulary columns per chunk, a multiple of 128: `_CHUNK_ELEMENTS / num_tokens`;
-    on a TPU wider where the hidden states' float32 gradient and a chunk's logits do not
-    fit on chip (`_ON_CHIP_BYTES`)."""
-    chunk = (_CHUNK_ELEMENTS // max(num_tokens, 1)) // 128 * 128
-    if d_model is not None and _on_tpu():
-        on_chip = 4 * num_tokens * (d_model + chunk)
-        if on_chip > _ON_CHIP_BYTES.get(_device_kind(), 0):
-            widest = (_WIDE_CHUNK_ELEMENTS // max(num_tokens, 1)) // 128 * 128
-            chunk = max(chunk, min(8 * d_model // 128 * 128, widest))
-    return int(min(max(chunk, 128), vocab))
-
-
-def _on_tpu() -> bool:
-    """Whether programs are traced for a TPU (`_device_kind`)."""
-    return (_device_kind() or "").startswith("TPU")
-
-
-def _device_kind() -> str | None:
-    """The device kind programs are traced for: the default backend's first device's,
-    or the one `compiling_for` names (ahead of time from another machine)."""
-    if _compiling_for:
-        return _compiling_for[-1]
-    device = jax.devices()[0]
-    return device.device_kind if device.platform == "tpu" else None
-
-
-@contextlib.contextmanager
-def compiling_for(device_kind: str):
-    """Inside the block, the fused head is traced for `device_kind` (a
-    `jax.Device.device_kind`, e.g. "TPU v5 lite"): its chunks and, on a TPU, how it picks
-    the kernel's columns. Compiling ahead of time for a TPU from another machine, trace
-    inside this block. Read when a function is traced."""
-    _compiling_for.append(device_kind)
-    try:
-        yield
-    finally:
-        _compiling_for.pop()
-
-
-@contextlib.contextmanager
-def pallas_interpreted():
-    """Inside the block, `backward="pallas"` runs its kernels in Pallas' interpret mode
-    off a TPU (tests, and checks against the reference on the CPU); outside it they are
-    for a TPU only."""
-    _pallas_interpreted.append(True)
-    try:
-        yield
-    finally:
-        _pallas_interpreted.pop()
 
 
 def _dot(a, b, contract):
@@ -178,9 +117,9 @@ def _one_pass(logits, in_rest, is_target, columns, with_top):
     return (lse, out[2]) + ((out[3], out[4]) if with_top else (None, None))
 
 
-def _columns(kernel, ids):
+def _columns(kernel, ids, plan: FusedPlan):
     """`kernel[:, ids]` as `[len(ids), D]`; on a TPU one column at a time."""
-    return columns_one_by_one(kernel, ids) if _on_tpu() else jnp.take(kernel, ids, axis=1).T
+    return columns_one_by_one(kernel, ids) if plan.on_tpu else jnp.take(kernel, ids, axis=1).T
 
 
 def columns_one_by_one(kernel, ids):
@@ -252,7 +191,7 @@ def _stream(h, kernel, targets, local_ids, offset, *, chunk, with_top, pick_targ
     return rest_lse, target_logit, top_logit, top_id
 
 
-def _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, axis):
+def _local_stats_fwd(h, kernel, targets, ids, plan: FusedPlan, with_sum, with_top, axis):
     """The statistics of `h @ kernel` on one vocabulary shard (all of it when `axis` is
     None), combined over the shards of mesh axis `axis`: see `_vocab_stats_fwd`."""
     width = kernel.shape[1]
@@ -260,11 +199,11 @@ def _local_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, axis):
     # On a TPU the target's logit is picked inside the loop: a gather of the kernel's
     # columns makes its compiler transpose the whole kernel first. Elsewhere the gather
     # is cheaper than a pass over every chunk's logits.
-    rest_lse, target_logit, top_logit, top_id = _stream(h, kernel, targets, local_ids, offset, chunk=chunk,
-                                                        with_top=with_top, pick_targets=_on_tpu())
+    rest_lse, target_logit, top_logit, top_id = _stream(h, kernel, targets, local_ids, offset, chunk=plan.chunk,
+                                                        with_top=with_top, pick_targets=plan.pick_targets)
     column_sum = jnp.sum(kernel, axis=1, dtype=jnp.float32) if with_sum else None
     # The number tokens' columns, n x D: small enough to assemble on every shard.
-    number_columns = _columns(kernel, jnp.minimum(local_ids, width - 1))
+    number_columns = _columns(kernel, jnp.minimum(local_ids, width - 1), plan)
     number_columns = jnp.where(owned_ids[:, None], number_columns, jnp.zeros((), kernel.dtype))
     if axis is not None:
         rest_lse = _logsumexp_over(rest_lse, axis)
@@ -291,8 +230,7 @@ def _logsumexp_over(lse, axis):
     return shift + jnp.log(jax.lax.psum(jnp.exp(lse - shift), axis))
 
 
-def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum, axis, batch_axes=(),
-                 backward="xla"):
+def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, plan: FusedPlan, with_sum, axis, batch_axes=()):
     """`(d h, d kernel)` of one vocabulary shard's columns (all of them when `axis` is
     None): `d h` is this shard's share (summed over the shards by the caller); each
     chunk of `d kernel` is summed over the token shards (`batch_axes`) in float32
@@ -302,10 +240,10 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     loop (a per-chunk `[n, chunk]` one-hot would cost `tokens x n x vocab`
     multiply-adds, more than the head itself at n ~ 1,000 number tokens); each chunk
     selects its number columns' `d kernel` from it (a scatter after the loop would widen
-    a bf16 kernel's whole gradient to float32 on XLA's CPU backend). With `backward`
-    "pallas" the chunks are `fused_pallas`'s kernels'."""
+    a bf16 kernel's whole gradient to float32 on XLA's CPU backend). With the plan's
+    `backward` "pallas" the chunks are `fused_pallas`'s kernels'."""
     g_rest, g_target, g_sum, g_numbers = cotangents
-    width = kernel.shape[1]
+    width, chunk = kernel.shape[1], plan.chunk
     grad_dtype = jnp.result_type(h, kernel)
     offset, local_ids, owned_ids = _shard_numbers(ids, width, axis)
     # A -inf rest_lse (no token outside the numbers) has zero probability everywhere.
@@ -316,11 +254,11 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     if with_sum:
         d_numbers += g_sum[:, None]
     d_numbers = jnp.where(owned_ids[None, :], d_numbers, 0.0).astype(grad_dtype)
-    d_h_numbers = _dot(d_numbers, _columns(kernel, jnp.minimum(local_ids, width - 1)), ((1,), (0,)))
+    d_h_numbers = _dot(d_numbers, _columns(kernel, jnp.minimum(local_ids, width - 1), plan), ((1,), (0,)))
     d_number_columns = _dot(h, d_numbers, ((0,), (0,)))
-    if backward == "pallas":
+    if plan.backward == "pallas":
         return _pallas_grads(h, kernel, targets - offset, local_ids, shift, cotangents, with_sum, d_h_numbers,
-                             d_number_columns, batch_axes)
+                             d_number_columns, batch_axes, plan.interpret)
     if batch_axes:
         d_number_columns = jax.lax.psum(d_number_columns, batch_axes)
     d_number_columns = d_number_columns.astype(kernel.dtype)
@@ -330,13 +268,8 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
         logits = _dot(h, kernel_chunk, ((1,), (0,)))
         columns = offset + start + jnp.arange(chunk)
         is_number_chunk = index_chunk >= 0
-        d_logits = g_rest[:, None] * jnp.exp(logits - shift)
-        d_logits += jnp.where(columns[None, :] == targets[:, None], g_target[:, None], 0.0)
-        if with_sum:
-            d_logits += g_sum[:, None]
-        d_logits = jnp.where(is_number_chunk[None, :], 0.0, d_logits)
-        # As the unfused path does: the logits' gradient in the logits' dtype.
-        d_logits = d_logits.astype(grad_dtype)
+        d_logits = logits_grad(logits, shift, g_rest[:, None], g_target[:, None], g_sum[:, None] if with_sum else None,
+                               columns[None, :] == targets[:, None], is_number_chunk[None, :], grad_dtype)
         # Columns an earlier chunk covered add to `d hidden` once; their `d kernel` is
         # the same again and is simply written over.
         d_h = _dot(jnp.where(fresh[None, :], d_logits, jnp.zeros((), d_logits.dtype)), kernel_chunk, ((1,), (1,)))
@@ -358,11 +291,27 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, chunk, with_sum,
     return jax.lax.fori_loop(0, -(-width // chunk), body, carry)
 
 
+def logits_grad(logits, shift, g_rest, g_target, g_sum, is_target, dropped, dtype):
+    """The gradient of the statistics with respect to a tile's float32 logits
+    `[tokens, columns]`, in `dtype` (the logits', as the unfused path rounds it):
+    `g_rest * exp(logit - shift)` (the non-number tokens' log-normaliser), plus
+    `g_target` where `is_target` and `g_sum` everywhere (label smoothing; None: none),
+    zero where `dropped` (the number tokens' columns, whose share the caller adds).
+    The per-token terms are `[tokens, 1]`, `is_target` and `dropped` broadcast to the
+    tile. Both backward passes' (XLA's chunk loop, `fused_pallas`'s kernels)."""
+    d = g_rest * jnp.exp(logits - shift)
+    d += jnp.where(is_target, g_target, 0.0)
+    if g_sum is not None:
+        d += g_sum
+    return jnp.where(dropped, 0.0, d).astype(dtype)
+
+
 def _pallas_grads(h, kernel, local_targets, local_ids, shift, cotangents, with_sum, d_h_numbers,
-                  d_number_columns, batch_axes):
-    """`_local_grads` by `fused_pallas.backward`; with `batch_axes` its float32 kernel
-    gradient (this device's tokens' share, number columns included) is summed over the
-    token shards before it is rounded."""
+                  d_number_columns, batch_axes, interpret):
+    """`_local_grads` by `fused_pallas.backward` (in Pallas' interpret mode with
+    `interpret`); with `batch_axes` its float32 kernel gradient (this device's tokens'
+    share, number columns included) is summed over the token shards before it is
+    rounded."""
     from ntl_jax._core import fused_pallas  # Pallas is imported only where it is used
 
     g_rest, g_target, g_sum, _ = cotangents
@@ -372,36 +321,36 @@ def _pallas_grads(h, kernel, local_targets, local_ids, shift, cotangents, with_s
     index = _number_index(jnp.arange(width), local_ids)
     d_h, d_kernel = fused_pallas.backward(
         h, kernel, stats, local_targets, index, d_number_columns.astype(kernel.dtype),
-        out_dtype=jnp.float32 if batch_axes else kernel.dtype, interpret=bool(_pallas_interpreted))
+        out_dtype=jnp.float32 if batch_axes else kernel.dtype, interpret=interpret)
     if batch_axes:
         d_kernel = jax.lax.psum(d_kernel, batch_axes).astype(kernel.dtype)
     return d_h_numbers + d_h, d_kernel
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _vocab_stats(h, kernel, targets, ids, chunk, with_sum, with_top, shards, backward):
-    return _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards, backward)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _vocab_stats(h, kernel, targets, ids, plan, with_sum, with_top, shards):
+    return _vocab_stats_fwd(h, kernel, targets, ids, plan, with_sum, with_top, shards)[0]
 
 
-def _vocab_stats_fwd(h, kernel, targets, ids, chunk, with_sum, with_top, shards, backward):
+def _vocab_stats_fwd(h, kernel, targets, ids, plan, with_sum, with_top, shards):
     """`(rest_lse, target_logit, logit_sum, number_logits, top_id)` of `h @ kernel`,
     each per token `[batch * length, ...]`.
 
     h `[batch, length, D]`, kernel `[D, V]`, targets `[batch, length]` in `[0, V)`, ids
     `[n]` the number tokens. `rest_lse` is the logsumexp over the tokens that are not
     numbers; `top_id` the argmax over the vocabulary (zeros without `with_top`), not
-    differentiated. With `shards` (a `VocabShards`), each device streams its own
-    columns of the kernel and the statistics are combined over the vocabulary axis:
-    the kernel is never gathered.
+    differentiated. `plan` (a `FusedPlan`) says how. With `shards` (a `VocabShards`),
+    each device streams its own columns of the kernel and the statistics are combined
+    over the vocabulary axis: the kernel is never gathered.
     """
     if shards is None:
-        out = _local_stats_fwd(_tokens(h), kernel, targets.reshape(-1), ids, chunk, with_sum, with_top, None)
+        out = _local_stats_fwd(_tokens(h), kernel, targets.reshape(-1), ids, plan, with_sum, with_top, None)
     else:
         tokens, rows, columns, replicated = vocab_parallel.partition_specs(shards)
 
         def local(h, kernel, targets, ids):
             h = vocab_parallel.gather_sequence(h, shards)
-            return _local_stats_fwd(_tokens(h), kernel, targets.reshape(-1), ids, chunk, with_sum, with_top,
+            return _local_stats_fwd(_tokens(h), kernel, targets.reshape(-1), ids, plan, with_sum, with_top,
                                     shards.vocab_axis)
 
         out = jax.shard_map(
@@ -416,12 +365,12 @@ def _tokens(h):
     return h.reshape(-1, h.shape[-1])
 
 
-def _vocab_stats_bwd(chunk, with_sum, with_top, shards, backward, residuals, cotangents):
+def _vocab_stats_bwd(plan, with_sum, with_top, shards, residuals, cotangents):
     h, kernel, targets, ids, rest_lse = residuals
     cotangents = cotangents[:4]  # top_id is not differentiated
     if shards is None:
-        d_h, d_kernel = _local_grads(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, chunk,
-                                     with_sum, None, backward=backward)
+        d_h, d_kernel = _local_grads(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, plan,
+                                     with_sum, None)
         d_h = d_h.reshape(h.shape)
     else:
         tokens, rows, columns, replicated = vocab_parallel.partition_specs(shards)
@@ -429,8 +378,8 @@ def _vocab_stats_bwd(chunk, with_sum, with_top, shards, backward, residuals, cot
 
         def local(h, kernel, targets, ids, rest_lse, cotangents):
             h = vocab_parallel.gather_sequence(h, shards)
-            d_h, d_kernel = _local_grads(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, chunk,
-                                         with_sum, shards.vocab_axis, shards.batch_axes, backward)
+            d_h, d_kernel = _local_grads(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, plan,
+                                         with_sum, shards.vocab_axis, shards.batch_axes)
             # Each shard's columns add to every token's gradient.
             return vocab_parallel.sum_over_vocab(d_h.reshape(h.shape), shards), d_kernel
 
@@ -446,52 +395,33 @@ _vocab_stats.defvjp(_vocab_stats_fwd, _vocab_stats_bwd)
 
 
 def head_stats_from_hidden(hidden, kernel, target: NumberTarget, number_tokens: NumberTokens,
-                           reads: NumberReads | None, *, label_smoothing: float = 0.0, with_masses: bool = False,
-                           chunk_size=None, with_top: bool = False,
-                           shards: vocab_parallel.VocabShards | None = None, backward: str = "xla"):
+                           reads: NumberReads | None, plan: FusedPlan, *, label_smoothing: float = 0.0,
+                           with_masses: bool = False, with_top: bool = False,
+                           shards: vocab_parallel.VocabShards | None = None):
     """`(HeadStats, top_ids)` of the logits `hidden @ kernel` (checked), streamed over
-    vocabulary chunks (see the module docstring), at the positions `target.keep`;
-    `top_ids` `[batch, length]` is the argmax over the vocabulary with `with_top`, else
-    None. With `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over its
-    mesh. The number statistics are those `reads` names (None: none), from the number
-    tokens' columns (`number_stats.from_columns`). With `backward` "pallas" the backward
-    pass runs `fused_pallas`'s TPU kernels instead of XLA's chunk loop.
+    vocabulary chunks as `plan` says (`fused_plan.plan`, made where the head is
+    entered; see the module docstring), at the positions `target.keep`; `top_ids`
+    `[batch, length]` is the argmax over the vocabulary with `with_top`, else None. With
+    `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over its mesh. The
+    number statistics are those `reads` names (None: none), from the number tokens'
+    columns (`number_stats.from_columns`).
     """
-    if backward not in ("xla", "pallas"):
-        raise ValueError(f"expected backward 'xla' or 'pallas', got {backward!r}")
-    if backward == "pallas" and not (_on_tpu() or _pallas_interpreted):
-        raise ValueError(f"expected a TPU for backward='pallas' (its kernels are TPU kernels), "
-                         f"got {_device_kind() or jax.default_backend()}")
     dtype = jnp.result_type(hidden, kernel)
     kernel = jnp.asarray(kernel, dtype)
-    vocab = kernel.shape[1]
     keep = target.keep
     # Ignored positions: zero hidden states give the zero logits the unfused path uses
     # there, and NaN or inf in them reach neither the loss nor the gradient.
     hidden = jnp.where(keep[..., None], jnp.asarray(hidden, dtype), jnp.zeros((), dtype))
     batch, length, _ = hidden.shape
-    vocab_shards_count = 1 if shards is None else dict(shards.mesh.shape)[shards.vocab_axis]
-    width = vocab // vocab_shards_count
-    if chunk_size is None:
-        chunk_size = default_chunk_size(batch * length, vocab, hidden.shape[-1])
-        if shards is not None:
-            # As many chunks as one device would stream, each over this device's share
-            # of the columns (and of the tokens): per-device memory shrinks with the mesh.
-            chunk_size = max(chunk_size // vocab_shards_count // 128 * 128, 128)
-    chunk = min(int(chunk_size), width)
     rest_lse, target_logit, logit_sum, number_logits, top_id = _vocab_stats(
         hidden, kernel, jnp.maximum(target.ids, 0),
-        jnp.asarray(number_tokens.ids), chunk, label_smoothing > 0, with_top, shards, backward,
+        jnp.asarray(number_tokens.ids), plan, label_smoothing > 0, with_top, shards,
     )
     shape = (batch, length)
     numbers = number_stats.from_columns(number_logits.reshape(shape + (-1,)), target, number_tokens,
                                         NumberReads() if reads is None else reads)
-    number_lse = numbers.log_normalizer
-    rest_lse = rest_lse.reshape(shape)
-    log_normalizer = jnp.logaddexp(number_lse, rest_lse)
-    masses = None
-    if with_masses:
-        masses = (jnp.exp(number_lse - log_normalizer), jnp.exp(rest_lse - log_normalizer))
+    log_normalizer = jnp.logaddexp(numbers.log_normalizer, rest_lse.reshape(shape))
+    masses = head_stats.number_mass_of(numbers, log_normalizer) if with_masses else None
     head = HeadStats(
         log_normalizer=log_normalizer,
         target_logit=jnp.where(keep, target_logit.reshape(shape), 0.0),

@@ -10,11 +10,9 @@ a v5e); these kernels keep every tile in VMEM:
   block of columns' float32 gradient stays in VMEM while the tokens stream past it, and
   the number tokens' columns take their gradient from `number_columns_grad` instead.
 
-Both recompute the tile's logits from `h` and the kernel. The gradient of the logits is
-that of `fused._local_grads`: `g_rest * exp(logit - shift)` on the non-number columns,
-plus `g_target` at the target's column and `g_sum` everywhere (label smoothing), zero on
-the number tokens' columns (their share is added by the caller), rounded to the
-operands' dtype before the products as the unfused path does.
+Both recompute the tile's logits from `h` and the kernel, and their gradient as XLA's
+chunk loop does (`fused.logits_grad`), rounded to the operands' dtype before the
+products.
 """
 
 from __future__ import annotations
@@ -25,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from ntl_jax._core.fused import logits_grad
 
 # Per-token statistics travel as the columns of one float32 `[tokens, 4]` operand.
 _SHIFT, _G_REST, _G_TARGET, _G_SUM = range(4)
@@ -40,11 +40,10 @@ def _logits_grad(h, kernel_block, stats, targets, number_index, first_column, wi
     valid = columns < width
     kernel_block = jnp.where(valid, kernel_block, jnp.zeros((), kernel_block.dtype))
     logits = jax.lax.dot_general(h, kernel_block, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-    d = stats[:, _G_REST:_G_REST + 1] * jnp.exp(logits - stats[:, _SHIFT:_SHIFT + 1])
-    d += jnp.where(columns == targets, stats[:, _G_TARGET:_G_TARGET + 1], 0.0)
-    d += stats[:, _G_SUM:_G_SUM + 1]
-    d = jnp.where(valid & (number_index < 0), d, 0.0)
-    return d.astype(dtype), kernel_block
+    d = logits_grad(logits, stats[:, _SHIFT:_SHIFT + 1], stats[:, _G_REST:_G_REST + 1],
+                    stats[:, _G_TARGET:_G_TARGET + 1], stats[:, _G_SUM:_G_SUM + 1], columns == targets,
+                    ~valid | (number_index >= 0), dtype)
+    return d, kernel_block
 
 
 def _hidden_grad_kernel(h_ref, kernel_ref, stats_ref, targets_ref, index_ref, out_ref, *, block, width):

@@ -98,11 +98,24 @@ def _number_mass(wide, numbers: NumberStats, keep, logits):
     shift = jnp.where(kept, shift, jnp.zeros((), shift.dtype))
     number_sum = jnp.exp(numbers.shift - shift) * numbers.exp_sum
     total = jnp.where(kept, total, number_sum)  # ignored positions: all mass on the numbers
+    return shift + jnp.log(total), number_mass(number_sum, total)
+
+
+def number_mass_of(numbers: NumberStats, log_normalizer):
+    """`number_mass` from the number tokens' statistics and the vocabulary's
+    log-normaliser `[batch, length]` (about which the vocabulary's sum is 1)."""
+    return number_mass(jnp.exp(numbers.log_normalizer - log_normalizer), 1.0)
+
+
+def number_mass(number_sum, total):
+    """`(mass, rest)`, the full-vocabulary probability on the number tokens and on the
+    other tokens, from the sums of exponentials over the number tokens (`number_sum`)
+    and over the vocabulary (`total`) about one shift. `rest`'s derivative is exactly
+    minus `mass`'s (see `_number_mass`)."""
     mass = number_sum / total
     # Summation order can put the number sum a few ulps above the total.
     rest = jax.lax.stop_gradient(jnp.maximum(total - number_sum, 0.0) / total)
-    rest = rest - (mass - jax.lax.stop_gradient(mass))
-    return shift + jnp.log(total), (mass, rest)
+    return mass, rest - (mass - jax.lax.stop_gradient(mass))
 
 
 def _exp(logits, shift):

@@ -26,14 +26,14 @@ moves:
   over the logits of its own; this way NTL adds none.
 
 Each backend takes its own with `jax.lax.platform_dependent`: columns on the CPU,
-gathered on GPUs, reductions elsewhere (the TPU). The measurements behind each choice are
-in docs/performance.md. Tests and benchmarks compute one formulation on every backend
-inside `with forced_formulation(name):`.
+gathered on GPUs, reductions elsewhere (the TPU), chosen where the program is lowered
+(ahead of time for a TPU too). The measurements behind each choice are in
+docs/performance.md. Tests and benchmarks compute one formulation on every backend with
+a table that names it (`with_formulation`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Callable, NamedTuple
 
@@ -46,8 +46,6 @@ from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.targets import NumberTarget, number_ranks
 
 FORMULATIONS = ("columns", "gathered", "reductions")
-# The formulation every backend takes, "auto" for each its own (`forced_formulation`).
-_forced = ["auto"]
 # For `probs` (or `columns`) the reductions path takes each number token's column as a masked sum over
 # the vocabulary (its gradient a select), each adding a compare, a select and an add
 # per element of the logits; beyond this many number tokens it gathers the columns.
@@ -127,19 +125,20 @@ class NumberStats(NamedTuple):
                              sums=tuple(self.sums[w] for w in reads.sums))
 
 
-@contextlib.contextmanager
-def forced_formulation(formulation: str):
-    """Inside the block, the number statistics traced are computed with `formulation` (one
-    of `FORMULATIONS`, or "auto") on every backend: how the tests hold each formulation to
-    the same numbers on the CPU, and the benchmarks compare them. Read when a function is
-    traced: a function `jit` traced before keeps its formulation."""
+def with_formulation(number_tokens: NumberTokens, formulation: str) -> NumberTokens:
+    """`number_tokens` whose number statistics every backend computes with `formulation`
+    (one of `FORMULATIONS`, or "auto": each backend its own): how the tests hold each
+    formulation to the same numbers on the CPU, and the benchmarks compare them. The
+    formulation is in the table's pytree structure, so jit traces each anew."""
     if formulation != "auto" and formulation not in FORMULATIONS:
         raise ValueError(f"expected formulation 'auto' or one of {FORMULATIONS}, got {formulation!r}")
-    _forced.append(formulation)
-    try:
-        yield
-    finally:
-        _forced.pop()
+    children, (dot_id, _) = number_tokens.tree_flatten()
+    return NumberTokens.tree_unflatten((dot_id, formulation), children)
+
+
+def formulation_of(number_tokens: NumberTokens) -> str:
+    """The formulation `number_tokens` names (`with_formulation`), "auto" by default."""
+    return number_tokens._formulation
 
 
 def number_stats(wide, target: NumberTarget, number_tokens: NumberTokens, reads: NumberReads, *,
@@ -148,9 +147,9 @@ def number_stats(wide, target: NumberTarget, number_tokens: NumberTokens, reads:
     `logits`, their own dtype, default `wide`: XLA fuses the conversion into each pass)
     at the positions `target.keep`; whatever the logits hold elsewhere reaches neither
     the statistics nor their gradients. Each backend takes its own formulation, unless
-    one is forced (`forced_formulation`)."""
+    the table names one (`with_formulation`)."""
     logits = wide if logits is None else logits
-    formulation = _forced[-1]
+    formulation = formulation_of(number_tokens)
     compute = functools.partial(_by_formulation, number_tokens=number_tokens, reads=reads)
     if formulation == "auto":
         out = jax.lax.platform_dependent(

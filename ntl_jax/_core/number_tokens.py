@@ -116,6 +116,12 @@ class NumberTokens:
         self.opens_number = opens_number
         self.dot_id = dot_id
 
+    # How the number statistics over this table are computed (`number_stats`): "auto",
+    # each backend its own, unless a test or benchmark forces one
+    # (`number_stats.with_formulation`). Static, in the pytree's structure: jit's cache
+    # tells tables of different formulations apart.
+    _formulation = "auto"
+
     # -- construction -------------------------------------------------------------
 
     @classmethod
@@ -243,11 +249,15 @@ class NumberTokens:
     # -- pytree -------------------------------------------------------------------
 
     def tree_flatten(self):
-        return (self.values, self.ids, self.number_values, self.digit_counts, self.opens_number), self.dot_id
+        children = (self.values, self.ids, self.number_values, self.digit_counts, self.opens_number)
+        return children, (self.dot_id, self._formulation)
 
     @classmethod
-    def tree_unflatten(cls, dot_id, children):
-        return cls(*children, dot_id=dot_id)
+    def tree_unflatten(cls, aux, children):
+        dot_id, formulation = aux
+        table = cls(*children, dot_id=dot_id)
+        table._formulation = formulation
+        return table
 
     # -- derived tables -----------------------------------------------------------
 
@@ -277,5 +287,6 @@ class NumberTokens:
     def __repr__(self) -> str:
         return (
             f"NumberTokens(vocab_size={self.vocab_size}, num_numbers={self.num_numbers}, "
-            f"dot_id={self.dot_id})"
+            f"dot_id={self.dot_id}"
+            + (")" if self._formulation == "auto" else f", formulation={self._formulation!r})")
         )

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from ntl_jax._core import checks, cross_entropy, fused, head_stats, normalization, pipeline, vocab_parallel
+from ntl_jax._core import checks, cross_entropy, fused, fused_plan, head_stats, normalization, pipeline, vocab_parallel
 from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.migration import refuses_old_keywords
 from ntl_jax._core.number_tokens import NumberTokens
@@ -95,6 +95,7 @@ def fused_cross_entropy_and_ntl(
     sequence_parallel: bool = False,
     mesh=None,
     backward: str = "xla",
+    device_kind: str | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`cross_entropy_and_ntl(hidden @ kernel, ...)` streamed over vocabulary chunks: the
     same loss, parts and gradients (to float32 rounding), never holding the logits.
@@ -111,7 +112,11 @@ def fused_cross_entropy_and_ntl(
         over that axis too (Megatron-LM's sequence parallelism).
       mesh: the mesh for `vocab_axis` (None: the mesh in context).
       backward: "xla" (XLA's chunk loop) or, on a TPU, "pallas": two Pallas kernels that
-        keep every tile of the backward pass on chip (opt-in, docs/guides/fused-head.md).
+        keep every tile of the backward pass on chip (opt-in, docs/guides/fused-head.md);
+        "pallas_interpret" runs them in Pallas' interpret mode on any backend (slow).
+      device_kind: the chip the program is for, a `jax.Device.device_kind` ("TPU v5
+        lite"; "cpu" for the other backends): name it to compile ahead of time for a
+        TPU from another machine. None: the default backend's first device's.
 
     Returns:
       `(loss, parts)` as `cross_entropy_and_ntl` (docs/guides/fused-head.md).
@@ -122,11 +127,13 @@ def fused_cross_entropy_and_ntl(
     vocab = jnp.shape(kernel)[1]
     shards = vocab_parallel.vocab_shards(vocab_axis, mesh, vocab, jnp.shape(hidden)[0], jnp.shape(hidden)[1],
                                          sequence_parallel)
+    plan = fused_plan.plan(jnp.shape(hidden), vocab, shards, device_kind=device_kind, chunk_size=chunk_size,
+                           backward=backward)
 
     def head_of(target, reads, with_masses):
-        return fused.head_stats_from_hidden(hidden, kernel, target, number_tokens, reads,
+        return fused.head_stats_from_hidden(hidden, kernel, target, number_tokens, reads, plan,
                                             label_smoothing=label_smoothing, with_masses=with_masses,
-                                            chunk_size=chunk_size, shards=shards, backward=backward)[0]
+                                            shards=shards)[0]
 
     run = pipeline.run(head_of, targets, weights, vocab, number_tokens, options.number_loss,
                        gce_sigma=options.gce_sigma, loss_normalizing_factor=loss_normalizing_factor,

@@ -54,6 +54,8 @@ class FusedNumberTokenLossModel(keras.Model):
         Llama 3, Mistral, Qwen, ...), LoRA enabled or not; not Gemma 2 (soft-capped).
       loss: the `NumberTokenLoss` to compute, its reduction included.
       chunk_size: vocabulary columns per chunk (None: about 8M logits per chunk).
+      device_kind: the chip the step is compiled for, a `jax.Device.device_kind`
+        (None: the default backend's): name it to compile ahead of time for a TPU.
 
     `compile(optimizer=...)` takes no loss (it is `loss`) and no metrics on `y_pred` (the
     hidden states); `fit` logs `ntl`, the number loss's mean over the number targets.
@@ -61,7 +63,8 @@ class FusedNumberTokenLossModel(keras.Model):
     causal_lm.preprocessor(texts)`, or a `tf.data` pipeline mapped with it.
     """
 
-    def __init__(self, causal_lm, loss: NumberTokenLoss, *, chunk_size: int | None = None, **kwargs):
+    def __init__(self, causal_lm, loss: NumberTokenLoss, *, chunk_size: int | None = None,
+                 device_kind: str | None = None, **kwargs):
         require_jax_backend("ntl_jax.keras.FusedNumberTokenLossModel")
         if not isinstance(loss, NumberTokenLoss):
             raise TypeError(f"expected loss to be a NumberTokenLoss, got {type(loss).__name__}")
@@ -70,6 +73,7 @@ class FusedNumberTokenLossModel(keras.Model):
         self.causal_lm = causal_lm
         self.number_token_loss = loss
         self.chunk_size = chunk_size
+        self.device_kind = device_kind
         self.ntl_tracker = NumberLossMean("ntl")
 
     def call(self, inputs, training=False):
@@ -81,6 +85,7 @@ class FusedNumberTokenLossModel(keras.Model):
         kernel = output_kernel(self.causal_lm.backbone)
         loss, parts = fused_cross_entropy_and_ntl(
             y_pred, kernel, targets, loss_fn.number_tokens, weights=weights, chunk_size=self.chunk_size,
+            device_kind=self.device_kind,
             loss_normalizing_factor=loss_normalizing_factor(loss_fn.reduction, targets.shape, sample_weight),
             **loss_fn.objective_options())
         loss = labels.checked(loss, targets, ops.shape(kernel)[1])

@@ -20,6 +20,7 @@ Zausinger et al., "Regress, Don't Guess", ICML 2025 (arXiv:2411.02083).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntl_jax._core import checks, fused, head_stats, normalization, objective, pipeline, vocab_parallel
+from ntl_jax._core import checks, fused, fused_plan, head_stats, normalization, objective, pipeline, vocab_parallel
 from ntl_jax._core.losses import predict_numbers
 from ntl_jax._core.migration import check_no_old_keywords
 from ntl_jax._core.number_stats import expected_value
@@ -118,10 +119,8 @@ def _predictions(head, number_tokens: NumberTokens):
     expected value it read, the mass from its normalisers), no further pass over the
     vocabulary."""
     value = jax.lax.stop_gradient(head.numbers.means[expected_value])
-    if head.masses is not None:
-        mass = head.masses[0]
-    else:
-        mass = jnp.exp(head.numbers.log_normalizer - head.log_normalizer)
+    mass = (head.masses if head.masses is not None else
+            head_stats.number_mass_of(head.numbers, head.log_normalizer))[0]
     return value, jax.lax.stop_gradient(mass)
 
 
@@ -207,6 +206,7 @@ def model_loss_from_hidden(
     *,
     chunk_size: Optional[int] = None,
     vocab_axis: Optional[str] = None,
+    device_kind: Optional[str] = None,
 ) -> ModelLoss:
     """`model_loss(hidden @ kernel, ...)` without forming the logits
     (`ntl_jax.fused_cross_entropy_and_ntl`'s streaming; the same values to float32
@@ -218,18 +218,20 @@ def model_loss_from_hidden(
     as T5X's partitioner runs the step, or `jax.set_mesh`) that shards the kernel's
     columns: vocabulary-parallel, each device streams its own columns and the kernel
     is never gathered (`fused_cross_entropy_and_ntl`'s `vocab_axis`; the mesh's
-    other axes shard the batch)."""
+    other axes shard the batch). `device_kind`: the chip it is compiled for, as
+    `fused_cross_entropy_and_ntl`'s (None: the default backend's)."""
     targets = batch["decoder_target_tokens"]
     weights = checks.check_hidden_and_kernel(hidden, kernel, targets, number_tokens,
                                              batch.get("decoder_loss_weights"), chunk_size)
     vocab = jnp.shape(kernel)[1]
     shards = vocab_parallel.vocab_shards(vocab_axis, None, vocab, jnp.shape(hidden)[0])
+    plan = fused_plan.plan(jnp.shape(hidden), vocab, shards, device_kind=device_kind, chunk_size=chunk_size)
     top = []  # the vocabulary's argmax, streamed in the same pass, for the accuracy metric
 
     def head_of(target, reads, with_masses):
         head, top_ids = fused.head_stats_from_hidden(
-            hidden, kernel, target, number_tokens, reads, label_smoothing=options.label_smoothing,
-            with_masses=with_masses, chunk_size=chunk_size, with_top=True, shards=shards)
+            hidden, kernel, target, number_tokens, reads, plan, label_smoothing=options.label_smoothing,
+            with_masses=with_masses, with_top=True, shards=shards)
         top.append(top_ids)
         return head
 
@@ -347,7 +349,7 @@ class NTLLossMixin:
 
     Keyword arguments (the rest pass through to the base class): `number_loss`,
     `ntl_weight`, `digit_level`, `gce_sigma`, `fused_loss`, `fused_chunk_size`,
-    `fused_vocab_axis`; see `ntl_jax.t5x.models.NTLEncoderDecoderModel`. A keyword
+    `fused_vocab_axis`, `fused_device_kind`; see `ntl_jax.t5x.models.NTLEncoderDecoderModel`. A keyword
     0.3.0 removed (the loss's name or one of its own parameters) raises a TypeError
     naming the new form: the number loss is one value, `number_loss`.
 
@@ -375,6 +377,7 @@ class NTLLossMixin:
         fused_loss: bool | str = False,
         fused_chunk_size: Optional[int] = None,
         fused_vocab_axis: Optional[str] = "model",
+        fused_device_kind: Optional[str] = None,
         **kwargs,
     ):
         check_no_old_keywords(f"{type(self).__name__}()", kwargs)
@@ -388,6 +391,8 @@ class NTLLossMixin:
         self._fused_chunk_size = fused_chunk_size
         check_vocab_axis(fused_vocab_axis, "fused_vocab_axis")
         self._fused_vocab_axis = fused_vocab_axis
+        checks.check_device_kind(fused_device_kind, "fused_device_kind")
+        self._fused_device_kind = fused_device_kind
 
     def _configure_ntl(self, *, number_loss, ntl_weight, digit_level, gce_sigma=0.0):
         # Checked here, once per model: `loss_fn` reads the record.
@@ -426,6 +431,20 @@ class NTLLossMixin:
         return self._fused_loss
 
     @property
+    def fused_device_kind(self) -> Optional[str]:
+        """The chip the fused loss is compiled for (a `jax.Device.device_kind`), None for
+        the default backend's."""
+        return self._fused_device_kind
+
+    def compiled_for(self, device_kind: str):
+        """A copy of this model whose fused loss is traced for the chip `device_kind`
+        (`fused_device_kind`): what `ntl_jax.t5x.compile_check` compiles ahead of time."""
+        checks.check_device_kind(device_kind)
+        model = copy.copy(self)
+        model._fused_device_kind = device_kind
+        return model
+
+    @property
     def ntl_options(self) -> dict:
         """The NTL term as plain values: `ntl_weight` and `number_loss`, the loss's spec
         (`"was"`, `"smmd(mode=mmd)"`; `"none"` without one)."""
@@ -461,6 +480,7 @@ class NTLLossMixin:
             out = model_loss_from_hidden(
                 hidden, kernel, batch, self._number_tokens, self._options, self._loss_normalizing_factor,
                 chunk_size=self._fused_chunk_size, vocab_axis=context_vocab_axis(self._fused_vocab_axis),
+                device_kind=self._fused_device_kind,
             )
             logits, targets = out.accuracy_inputs
         else:

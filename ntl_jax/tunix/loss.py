@@ -43,7 +43,7 @@ def number_token_loss_fn(number_tokens: NumberTokens, *, number_loss: NumberLoss
         vocab]` logits; the same loss and gradients to float32 rounding. Not with a
         soft-capped head (Gemma 2) or a LoRA adapter on the head.
       **options: the objective's other options (`gce_sigma`, `z_loss`,
-        `label_smoothing`, `chunk_size` with `fused`, ...).
+        `label_smoothing`, `chunk_size` and `device_kind` with `fused`, ...).
 
     Returns:
       `loss_fn(model, input_tokens, input_mask, positions, attention_mask, images=None)`
