@@ -31,7 +31,7 @@ from ntl_jax._core.migration import refuses_old_keywords
 from ntl_jax._core.number_stats import NumberReads, expected_value
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.targets import number_target
-from ntl_jax._core.variants import NumberLoss
+from ntl_jax._core.variants import DEFAULT, NumberLoss
 
 Reduction = Literal["none", "sum", "mean"]
 _EPS = float(jnp.finfo(jnp.float32).eps)
@@ -57,7 +57,7 @@ def number_token_loss(
     targets: ArrayLike,
     number_tokens: NumberTokens,
     *,
-    number_loss: NumberLoss | str = "was",
+    number_loss: NumberLoss | str = DEFAULT,
     weights: ArrayLike | None = None,
     reduction: Reduction = "none",
 ) -> jax.Array:
@@ -104,7 +104,7 @@ def ntl_from_number_logits(
     targets: ArrayLike,
     number_tokens: NumberTokens,
     *,
-    number_loss: NumberLoss | str = "was",
+    number_loss: NumberLoss | str = DEFAULT,
     weights: ArrayLike | None = None,
     reduction: Reduction = "none",
 ) -> jax.Array:

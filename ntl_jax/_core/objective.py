@@ -18,7 +18,7 @@ from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.migration import refuses_old_keywords
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.options import Options
-from ntl_jax._core.variants import NumberLoss
+from ntl_jax._core.variants import DEFAULT, NumberLoss
 
 
 @refuses_old_keywords
@@ -28,7 +28,7 @@ def cross_entropy_and_ntl(
     number_tokens: NumberTokens,
     *,
     weights: ArrayLike | None = None,
-    number_loss: NumberLoss | str | None = "was",
+    number_loss: NumberLoss | str | None = DEFAULT,
     ntl_weight: float = 0.3,
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
@@ -82,7 +82,7 @@ def fused_cross_entropy_and_ntl(
     number_tokens: NumberTokens,
     *,
     weights: ArrayLike | None = None,
-    number_loss: NumberLoss | str | None = "was",
+    number_loss: NumberLoss | str | None = DEFAULT,
     ntl_weight: float = 0.3,
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,

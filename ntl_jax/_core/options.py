@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from ntl_jax._core import checks, variants
+from ntl_jax._core.variants import DEFAULT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Options:
       `label_smoothing`. It changes the cross-entropy only.
     """
 
-    number_loss: Any = "was"
+    number_loss: Any = DEFAULT
     ntl_weight: float = 0.3
     label_smoothing: float = 0.0
     z_loss: float = 0.0

@@ -42,13 +42,13 @@ import numpy as np
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli import train as cli_train
 from ntl_jax.train import data as data_lib
-from ntl_jax.train import systems
+from ntl_jax.train import loss_names, systems
 from ntl_jax.train.loss_names import GCE_PREFIX
 from ntl_jax.train.machine import cpu_model
 
 TASKS = ("arithmetic", "multiplication", "diabetes")
 PROTOCOLS = ("scratch", "finetune")
-LOSSES = ("ce", "ntl-was")
+LOSSES = ("ce", loss_names.DEFAULT)
 # Metrics shown in tables and figures, per task.
 TABLE_METRICS = {
     "arithmetic": ("test_interpolate/number_accuracy", "test_interpolate/log_mae",

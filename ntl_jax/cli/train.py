@@ -12,7 +12,7 @@ from ntl_jax.cli import REFUSED
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli.flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
 from ntl_jax.losses import DEFAULT_WEIGHT, NAMES, parse
-from ntl_jax.train import systems
+from ntl_jax.train import loss_names, systems
 from ntl_jax.train.data import EVAL_CHOICES
 from ntl_jax.train.loss_names import GCE_PREFIX
 
@@ -189,7 +189,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--loss", type=system, default="ntl-was", metavar="LOSS",
+    parser.add_argument("--loss", type=system, default=loss_names.DEFAULT, metavar="LOSS",
                         help="ce: cross-entropy only; a number loss of ntl_jax.losses, "
                              f"{', '.join(NUMBER_LOSSES)}: CE + lambda * it, its parameters in parentheses as in "
                              "its spec (ntl_jax.losses.parse), e.g. 'smmd(mode=mmd)'; gce, gce+<number loss>: the "

@@ -30,7 +30,7 @@ import numpy as np
 from ntl_jax._core import variants
 from ntl_jax._core.checks import check_real
 from ntl_jax._core.objective import cross_entropy_and_ntl
-from ntl_jax._core.variants import NumberLoss
+from ntl_jax._core.variants import DEFAULT, NumberLoss
 from ntl_jax.keras import labels
 from ntl_jax.keras.backend import require_jax_backend
 from ntl_jax.keras.tokens import number_tokens_config, resolve_number_tokens
@@ -76,7 +76,7 @@ class NumberTokenLoss(keras.losses.Loss):
     once, traced ones (inside `fit`'s jitted step) when the step runs.
     """
 
-    def __init__(self, number_tokens: Any, *, number_loss: NumberLoss | str | None = "was", ntl_weight: float = 0.3,
+    def __init__(self, number_tokens: Any, *, number_loss: NumberLoss | str | None = DEFAULT, ntl_weight: float = 0.3,
                  label_smoothing: float = 0.0, z_loss: float = 0.0, gce_sigma: float = 0.0,
                  ignore_class: int | None = None, reduction: str = "sum_over_batch_size",
                  name: str = "number_token_loss", dtype=None):

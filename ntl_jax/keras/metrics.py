@@ -25,7 +25,7 @@ import keras
 from ntl_jax._core import variants
 from ntl_jax._core.losses import predict_numbers
 from ntl_jax._core.objective import cross_entropy_and_ntl, ntl_mean
-from ntl_jax._core.variants import NumberLoss
+from ntl_jax._core.variants import DEFAULT, NumberLoss
 from ntl_jax.keras import labels
 from ntl_jax.keras.backend import require_jax_backend
 from ntl_jax.keras.loss import number_loss_spec
@@ -88,7 +88,7 @@ class NumberTokenLossMetric(_NumberTargetMean):
     """The number loss's mean over the number targets (`parts["ntl"]`), whatever its
     weight in the training loss (`ntl_weight=0` trains with CE and still shows it)."""
 
-    def __init__(self, number_tokens: Any, *, number_loss: NumberLoss | str = "was", name: str = "ntl", dtype=None):
+    def __init__(self, number_tokens: Any, *, number_loss: NumberLoss | str = DEFAULT, name: str = "ntl", dtype=None):
         super().__init__(number_tokens, name=name, dtype=dtype)
         self.number_loss = variants.resolve(number_loss)
         if self.number_loss is None:
@@ -135,7 +135,7 @@ class NumberAbsoluteError(_NumberTargetMean):
         return jnp.sum(error * weights), jnp.sum(weights)
 
 
-def number_metrics(number_tokens: Any, *, number_loss: NumberLoss | str = "was") -> list[keras.metrics.Metric]:
+def number_metrics(number_tokens: Any, *, number_loss: NumberLoss | str = DEFAULT) -> list[keras.metrics.Metric]:
     """`[NumberTokenLossMetric, NumberAccuracy, NumberAbsoluteError]` of the same number
     tokens: `compile(weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(),
     *number_metrics(tokenizer)])`."""

@@ -9,6 +9,7 @@ import math
 from typing import Sequence
 
 from ntl_jax._core import variants
+from ntl_jax._core.variants import DEFAULT
 
 PREFIX = "ntl_"
 NUMBER_LOSS_KEY = "ntl_number_loss"
@@ -33,7 +34,7 @@ class NumberLossSettings:
     """
 
     weight: float = 0.3
-    number_loss: variants.NumberLoss | str | None = "was"
+    number_loss: variants.NumberLoss | str | None = DEFAULT
     digit_level: bool = True
     prefixed_numbers: bool = False
 

@@ -36,7 +36,7 @@ from ntl_jax._core.number_stats import expected_value
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.options import Options
 from ntl_jax._core.targets import number_target
-from ntl_jax._core.variants import NONE, NumberLoss
+from ntl_jax._core.variants import DEFAULT, NONE, NumberLoss
 from ntl_jax.flax import _linen
 
 
@@ -370,7 +370,7 @@ class NTLLossMixin:
     def __init__(
         self,
         *args,
-        number_loss: NumberLoss | str | None = "was",
+        number_loss: NumberLoss | str | None = DEFAULT,
         ntl_weight: float = 0.3,
         digit_level: bool = True,
         gce_sigma: float = 0.0,

@@ -11,7 +11,11 @@ equal losses are equal names.
 
 from __future__ import annotations
 
+from ntl_jax import losses as _losses
+
 GCE_PREFIX = "gce+"
+# The token-head loss a run trains with when none is named: the default number loss.
+DEFAULT = _losses.parse(_losses.DEFAULT).shown
 # The cross-entropies alone; each logs the default number loss as a diagnostic (at weight 0).
 PLAIN = ("ce", "gce")
 _FORMS = ("ce, gce, a number loss of ntl_jax.losses by its spec or label, or gce+ one of those, its parameters "
@@ -33,7 +37,9 @@ def _split(loss: str, others: tuple = ()) -> tuple[str, object]:
     try:
         return prefix, losses.parse(loss[len(prefix):])
     except ValueError as e:
-        raise _unknown(repr(loss), others, f" ({e})") from None
+        if str(e).startswith("expected a number loss in"):  # no such loss; else its parameters are named
+            raise _unknown(repr(loss), others, f" ({e})") from None
+        raise
 
 
 def number_loss(loss: str):

@@ -89,7 +89,7 @@ def create_train_state(model, optimizer: optax.GradientTransformation, batch: di
 
 
 def make_train_step(model, optimizer: optax.GradientTransformation,
-                    number_tokens: NumberTokens, *, loss="ntl-was",
+                    number_tokens: NumberTokens, *, loss=loss_names.DEFAULT,
                     ntl_weight: float = 0.3, z_loss: float = 1e-4,
                     loss_normalizing_factor: Any = "NUM_REAL_TARGET_TOKENS",
                     fused_loss: bool = False, gce_sigma: float = DEFAULT_GCE_SIGMA):

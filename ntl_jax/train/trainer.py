@@ -19,7 +19,7 @@ import numpy as np
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import ntl_mean
 from ntl_jax.train import data as data_lib
-from ntl_jax.train import network, optim, systems
+from ntl_jax.train import loss_names, network, optim, systems
 from ntl_jax.train import step as step_lib
 from ntl_jax.train.checkpoint import Checkpointer, CheckpointError, DamagedCheckpoint  # noqa: F401 (CheckpointError: re-export)
 from ntl_jax.train.logging_utils import MetricsLog, finite_or_none, write_json
@@ -34,7 +34,7 @@ class TrainConfig:
     as `systems.canonical` writes it, so equal losses are equal identities.
     """
 
-    loss: str = "ntl-was"
+    loss: str = loss_names.DEFAULT
     preset: str = "tiny"
     steps: int = 2000
     seed: int = 0

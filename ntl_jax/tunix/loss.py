@@ -18,7 +18,7 @@ from ntl_jax._core import variants
 from ntl_jax._core.migration import refuses_old_keywords
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import cross_entropy_and_ntl, fused_cross_entropy_and_ntl
-from ntl_jax._core.variants import NumberLoss
+from ntl_jax._core.variants import DEFAULT, NumberLoss
 from ntl_jax.tunix.heads import hidden_states_and_kernel
 
 # Tunix's cross-entropy divides by the number of targets its mask keeps.
@@ -29,7 +29,7 @@ AVERAGED_PARTS = ("cross_entropy", "ntl_term")
 
 
 @refuses_old_keywords
-def number_token_loss_fn(number_tokens: NumberTokens, *, number_loss: NumberLoss | str | None = "was",
+def number_token_loss_fn(number_tokens: NumberTokens, *, number_loss: NumberLoss | str | None = DEFAULT,
                          ntl_weight: float = 0.3, fused: bool = False, **options) -> Callable:
     """A `PeftTrainer` loss function: `CE + ntl_weight * NTL` of the model's prediction
     of each next token, and its parts.

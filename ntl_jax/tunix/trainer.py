@@ -10,7 +10,7 @@ from tunix.sft import peft_trainer
 from ntl_jax._core.migration import check_no_old_keywords
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import ntl_mean
-from ntl_jax._core.variants import NumberLoss
+from ntl_jax._core.variants import DEFAULT, NumberLoss
 from ntl_jax.tunix.loss import AVERAGED_PARTS, number_token_loss_fn
 
 
@@ -58,7 +58,7 @@ class NumberTokenLossTrainer(peft_trainer.PeftTrainer):
     """
 
     def __init__(self, model, optimizer, training_config: peft_trainer.TrainingConfig, number_tokens: NumberTokens,
-                 *, number_loss: NumberLoss | str | None = "was", ntl_weight: float = 0.3, fused: bool = False,
+                 *, number_loss: NumberLoss | str | None = DEFAULT, ntl_weight: float = 0.3, fused: bool = False,
                  metrics_logger=None, **options):
         check_no_old_keywords(f"{type(self).__name__}()", options)
         loss_fn = number_token_loss_fn(number_tokens, number_loss=number_loss, ntl_weight=ntl_weight, fused=fused,
