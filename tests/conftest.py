@@ -6,6 +6,7 @@ statistics in turn; tests/formulation.py binds one for a whole run).
 import os
 
 from tests import xla_flags
+from tests.worker_crash import pytest_sessionstart, pytest_testnodedown  # noqa: F401 (hooks)
 
 # Keras reads its backend once, when it is first imported, by whichever test file does.
 os.environ.setdefault("KERAS_BACKEND", "jax")
