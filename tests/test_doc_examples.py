@@ -26,17 +26,19 @@ def test_no_fenced_block_is_an_interpreter_session():
             assert not block.lstrip().startswith((">>>", "...")), f"{page.name}: {block[:120]}"
 
 
-def test_the_readme_example_runs_as_a_file_and_trains():
+def test_the_readme_example_runs_as_a_file_trains_and_prints_what_the_readme_shows():
     pytest.importorskip("optax")
-    blocks = docs_pages.code_blocks(docs_pages.README.read_text(), "python")
-    assert len(blocks) == 1
+    examples = EXAMPLE.findall(docs_pages.README.read_text())
+    assert len(examples) == len(docs_pages.code_blocks(docs_pages.README.read_text(), "python")) == 1
+    (code, shown), = examples
     namespace = {"__name__": "__main__"}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(blocks[0], "README.md", "exec"), namespace)
+        exec(compile(code, "README.md", "exec"), namespace)
     parts = namespace["parts"]
     assert float(parts["ntl"]) < 0.05 and float(parts["cross_entropy"]) < 0.1
-    assert out.getvalue().startswith("{")
+    assert shown and doctest.OutputChecker().check_output(shown, out.getvalue(), doctest.ELLIPSIS), (
+        f"README.md's example printed:\n{out.getvalue()}\nthe README shows:\n{shown}")
 
 
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=lambda p: p.relative_to(docs_pages.DOCS).as_posix())
