@@ -1,8 +1,9 @@
 """A test worker that dies ends the run at once, failed, naming the test it was running
-(tests/worker_crash.py): a run of two files on two workers, one worker killed mid-test."""
+(tests/workers.py): a run of two files on two workers, one worker killed mid-test."""
 
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -29,7 +30,8 @@ def _wait_for(path, process, timeout=120):
 def test_a_killed_worker_ends_the_run_and_is_named(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "conftest.py").write_text(
-        "from tests.worker_crash import pytest_sessionstart, pytest_testnodedown  # noqa: F401\n")
+        "from tests.workers import pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary, "
+        "pytest_testnodedown  # noqa: F401\n")
     (tmp_path / "test_dies.py").write_text(textwrap.dedent("""
         import os, pathlib, time
 
@@ -67,3 +69,4 @@ def test_a_killed_worker_ends_the_run_and_is_named(tmp_path):
     assert "FAILED test_dies.py::test_dies" in output, output
     assert "not finished: a worker died" in output, output  # the other worker stopped mid-test
     assert took < 30, f"the run ended {took:.0f} s after the kill:\n{output}"
+    assert re.search(r"^peak memory \(resident\): gw\d \d+\.\d\d GiB$", output, re.M), output  # the live worker's

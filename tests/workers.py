@@ -1,4 +1,5 @@
-"""A test worker that dies ends the run (tests/conftest.py takes these hooks).
+"""The test workers (pytest-xdist; tests/conftest.py takes these hooks): one that dies
+ends the run, and the run reports each worker's peak memory.
 
 When a worker dies (the kernel's out-of-memory killer, a crash, `kill -9`), pytest-xdist,
 with `--max-worker-restart=0` (pyproject.toml's addopts), reports the test it was running
@@ -7,9 +8,13 @@ the files already queued to them (minutes, for the long ones). So the controllin
 signals them (STOP_SIGNAL), and each skips the test it is in ("not finished") and stops:
 the run ends within seconds, failed, with the dead worker's test its one failure
 (tests/test_worker_crash.py).
+
+At the end each worker sends back its peak resident memory (`ru_maxrss`), and the summary
+prints them: what the test command needs (docs/development.md).
 """
 
 import os
+import resource
 import signal
 
 import pytest
@@ -18,10 +23,22 @@ STOP_SIGNAL = signal.SIGUSR1
 STOPPED = "a worker died (the test it was running is reported as failed): the run stops"
 
 
+_PEAKS = {}  # in the controlling process: each finished worker's peak resident memory, in KiB
+
+
+def _peak_kib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     """xdist, in the controlling process: a worker is gone, `error` set if it died."""
-    if error is None or str(node.config.getoption("maxworkerrestart")) != "0":
+    if error is None:
+        peak = getattr(node, "workeroutput", {}).get("peak_rss_kib")
+        if peak is not None:
+            _PEAKS[node.gateway.id] = peak
+        return
+    if str(node.config.getoption("maxworkerrestart")) != "0":
         return
     scheduler = getattr(node.config.pluginmanager.getplugin("dsession"), "sched", None)
     for other in getattr(scheduler, "nodes", ()):
@@ -33,6 +50,20 @@ def pytest_testnodedown(node, error):
 def pytest_sessionstart(session):
     if hasattr(session.config, "workerinput"):  # an xdist worker
         session.config.pluginmanager.register(_StopOnSignal(session), "stop-on-signal")
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: xdist sends this back once the hook is done
+        workeroutput["peak_rss_kib"] = _peak_kib()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workerinput"):
+        return
+    peaks = sorted(_PEAKS.items()) if _PEAKS else [("this process", _peak_kib())]
+    terminalreporter.write_line("peak memory (resident): " + ", ".join(
+        f"{name} {kib / 2**20:.2f} GiB" for name, kib in peaks))
 
 
 class _StopOnSignal:
