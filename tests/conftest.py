@@ -6,6 +6,12 @@ statistics in turn; tests/formulation.py binds one for a whole run).
 import os
 
 from tests import xla_flags
+from tests.workers import (  # noqa: F401 (the hooks of the test workers)
+    pytest_sessionfinish,
+    pytest_sessionstart,
+    pytest_terminal_summary,
+    pytest_testnodedown,
+)
 
 # Keras reads its backend once, when it is first imported, by whichever test file does.
 os.environ.setdefault("KERAS_BACKEND", "jax")

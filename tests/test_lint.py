@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_ruff_check_passes():
     pytest.importorskip("ruff", reason="ruff is in the test extra")
     result = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--no-cache", "ntl_jax", "tests", "benchmarks", "scripts", "setup.py"],
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "src", "tests", "benchmarks", "scripts", "setup.py"],
         cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -39,7 +39,7 @@ def test_public_docstrings_are_short():
     """A longer explanation belongs on the matching docs page, named in the docstring."""
     offenders = [
         f"{path.relative_to(ROOT).as_posix()}: {name} ({lines} lines)"
-        for path in sorted((ROOT / "ntl_jax").rglob("*.py"))
+        for path in sorted((ROOT / "src" / "ntl_jax").rglob("*.py"))
         for name, lines in _public_docstring_lengths(ast.parse(path.read_text(encoding="utf-8")).body)
         if lines > MAX_DOCSTRING_LINES
     ]

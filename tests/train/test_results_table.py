@@ -76,7 +76,8 @@ would call it and the verdict does not, with why: Holm's adjustment over the fam
 p ≥ 0.05, or too few seeds; "too few seeds to tell" where fewer than 6 seeds differ (the exact \
 tests cannot then reach p < 0.05: their smallest p is 2/2^n ≥ 0.0625).
 
-Share of seeds above a threshold (for outcomes that land in one of two modes):
+Share of seeds above a threshold (on these tasks a run's accuracy tends to end either low or high, \
+depending on its seed: this counts the seeds that ended high):
 
 | loss | metric | threshold | share of seeds |
 |---|---|---|---|

@@ -331,3 +331,15 @@ def test_the_progress_bar_clock_starts_after_the_compiling_first_step(vocabulary
     (bar,) = bars
     assert bar.n == 3
     assert bar.start_t >= first_step_done[0]
+
+
+def test_the_progress_bar_figures_add_up():
+    """The bar's loss is ce + z_loss (+ ntl_term where the run trains on a number loss);
+    ntl, logged in CE runs too, stands apart."""
+    ce_run = {"loss": 5.0012, "cross_entropy": 4.9961, "z_loss": 0.0051, "ntl_term": 0.0, "ntl": 2.31,
+              "grad_norm": 1.5}
+    assert trainer._bar_fields(ce_run) == {"loss": "5.001", "ce": "4.996", "z_loss": "0.005", "ntl": "2.310"}
+    ntl_run = ce_run | {"loss": 5.6942, "ntl_term": 0.693}
+    assert trainer._bar_fields(ntl_run) == {"loss": "5.694", "ce": "4.996", "z_loss": "0.005",
+                                            "ntl_term": "0.693", "ntl": "2.310"}
+    assert trainer._bar_fields({"loss": 0.25, "grad_norm": 1.0}) == {"loss": "0.250"}  # the regression head

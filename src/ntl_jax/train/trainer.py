@@ -615,15 +615,24 @@ def _train_loop(config, state, data, train_step, checkpointer, identity, log, ba
             window, t_window = [], now
             log.write(done, {f"train/{k}": v for k, v in last_train.items()}
                       | {"train/examples_per_second": rate})
-            shown = {"loss": "loss", "ce": "cross_entropy", "ntl": "ntl"}  # the regression head has loss only
-            bar.set_postfix(**{name: f"{last_train[key]:.3f}" for name, key in shown.items()
-                               if key in last_train}, ex_s=f"{rate:.0f}")
+            bar.set_postfix(_bar_fields(last_train), ex_s=f"{rate:.0f}")
         bar.update(1)
         if done % config.checkpoint_every == 0 or done == end:
             _save_finite(checkpointer, done, state, identity, out_dir)
         if config.eval_every and done % config.eval_every == 0 and done < config.steps:
             _evaluate_and_log(model, state, data, config, log, done, out_dir)
     return state, last_train
+
+
+def _bar_fields(metrics: dict[str, float]) -> dict[str, str]:
+    """The progress bar's figures: `loss = ce + z_loss + ntl_term`, the parts adding up
+    (z_loss: T5X's z-loss, 1e-4 · log² of the softmax's normaliser, which keeps the logits
+    from drifting; ntl_term: λ × the number loss, shown in the runs that train on one), and
+    `ntl`, the number loss's mean over the number targets, which CE runs log too without
+    training on it. The regression head has its loss only."""
+    shown = {"loss": "loss", "ce": "cross_entropy", "z_loss": "z_loss", "ntl_term": "ntl_term", "ntl": "ntl"}
+    return {name: f"{metrics[key]:.3f}" for name, key in shown.items()
+            if key in metrics and not (key == "ntl_term" and metrics[key] == 0)}
 
 
 def _evaluate_and_log(model, state, data, config, log, step, out_dir, final=False):

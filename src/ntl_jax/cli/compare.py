@@ -107,7 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--high-mode-threshold", default=0.6,
                    type=cli_flags.checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
                    help="also report the share of seeds whose interpolation accuracy exceeds "
-                        "this (outcomes can be bimodal across seeds) (default: %(default)s)")
+                        "this (a run's accuracy tends to end either low or high, depending on "
+                        "its seed) (default: %(default)s)")
     g.add_argument("--also-against", nargs="+", type=cli_train.system, default=[], metavar="LOSS",
                    help="also pair every other loss with LOSS's run of its seed (e.g. ntl-was, "
                         "to compare its successors with it), adjusted with the comparisons "

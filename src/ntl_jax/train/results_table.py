@@ -234,8 +234,9 @@ def render(result: dict) -> str:
                          f"> {fmt(e['threshold'])}" if e.get("threshold") is not None else "n/a",
                          text])
     if rows:
-        lines += ["", "Share of seeds above a threshold (for outcomes that land in one of two "
-                  "modes):", "", *_table(["loss", "metric", "threshold", "share of seeds"], rows)]
+        lines += ["", "Share of seeds above a threshold (on these tasks a run's accuracy tends to "
+                  "end either low or high, depending on its seed: this counts the seeds that "
+                  "ended high):", "", *_table(["loss", "metric", "threshold", "share of seeds"], rows)]
     return "\n".join(lines)
 
 
