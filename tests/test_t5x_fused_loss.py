@@ -140,10 +140,30 @@ def test_the_fused_model_never_forms_the_logits():
     (dict(fused_vocab_axis=1), "fused_vocab_axis None or the name of a mesh axis"),
     (dict(fused_vocab_axis=("model",)), "fused_vocab_axis None or the name of a mesh axis"),
     (dict(fused_vocab_axis=""), "fused_vocab_axis None or the name of a mesh axis"),
+    (dict(fused_device_kind=5), "fused_device_kind None or a jax.Device.device_kind"),
 ])
 def test_bad_fused_options(kwargs, message):
     with pytest.raises((TypeError, ValueError), match=message):
         FlaxFakeModel(module=TinyDecoder(), **kwargs)
+
+
+def test_the_fused_loss_is_traced_for_the_chip_it_is_compiled_for():
+    # What compile_check does with a pod's chip (`compiled_for`): the copy's fused loss
+    # is the TPU's, which gathers no column of the kernel (picked in its chunk loop);
+    # here, as on any CPU, the model's own gathers them. The model itself is unchanged.
+    batch = make_batch(packed=False, seed=6)
+    module = TinyDecoder()
+    params = _params(module, batch)
+    model = FlaxFakeModel(module=module, fused_loss=True)
+    tpu = model.compiled_for("TPU v5 lite")
+    assert (model.fused_device_kind, tpu.fused_device_kind) == (None, "TPU v5 lite")
+
+    def kernel_gathers(m):
+        text = jax.jit(jax.grad(lambda p: m.loss_fn(p, batch, None)[0])).lower(params).as_text()
+        kernel = f"}}> : (tensor<{D_MODEL}x{WIDTH}xf32>"
+        return [line for line in text.splitlines() if '"stablehlo.gather"' in line and kernel in line]
+
+    assert kernel_gathers(model) and not kernel_gathers(tpu)
 
 
 def test_model_loss_from_hidden_equals_model_loss():

@@ -83,11 +83,11 @@ def plan(hidden_shape, vocab: int, shards=None, *, device_kind: str | None = Non
          backward: str = "xla") -> FusedPlan:
     """The `FusedPlan` of hidden states of `hidden_shape` `[batch, length, D]` and a
     kernel of `vocab` columns, split as `shards` says (a `vocab_parallel.VocabShards`;
-    None: on one device), for the chip
-    `device_kind` (None: `default_device_kind()`; a kind that is not a TPU's, such as
-    "cpu", plans for the other backends). `chunk_size` None: `default_chunk_size`, as
-    many chunks per device as one device would stream. `backward`: one of `BACKWARDS`
-    ("pallas_interpret": the Pallas kernels interpreted, on any backend).
+    None: on one device), for the chip `device_kind` (None: `default_device_kind()`; a
+    kind that is not a TPU's, such as "cpu", plans for the other backends).
+    `chunk_size` None: `default_chunk_size`, as many chunks per device as one device
+    would stream. `backward`: one of `BACKWARDS` ("pallas_interpret": the Pallas
+    kernels interpreted, on any backend).
 
     Raises:
       TypeError: for a `device_kind` that is not a str.

@@ -349,9 +349,10 @@ class NTLLossMixin:
 
     Keyword arguments (the rest pass through to the base class): `number_loss`,
     `ntl_weight`, `digit_level`, `gce_sigma`, `fused_loss`, `fused_chunk_size`,
-    `fused_vocab_axis`, `fused_device_kind`; see `ntl_jax.t5x.models.NTLEncoderDecoderModel`. A keyword
-    0.3.0 removed (the loss's name or one of its own parameters) raises a TypeError
-    naming the new form: the number loss is one value, `number_loss`.
+    `fused_vocab_axis`, `fused_device_kind`; see
+    `ntl_jax.t5x.models.NTLEncoderDecoderModel`. A keyword 0.3.0 removed (the loss's
+    name or one of its own parameters) raises a TypeError naming the new form: the
+    number loss is one value, `number_loss`.
 
     `fused_vocab_axis` (default `"model"`, the mesh axis of the vocabulary in T5X's
     standard partitioning rules, `('vocab', 'model')`): with `fused_loss`, when the
