@@ -14,12 +14,17 @@ prints them: what the test command needs (docs/development.md).
 """
 
 import os
-import resource
 import signal
+import sys
 
 import pytest
 
-STOP_SIGNAL = signal.SIGUSR1
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
+
+STOP_SIGNAL = getattr(signal, "SIGUSR1", None)  # None on Windows: the run then ends as xdist ends it
 STOPPED = "a worker died (the test it was running is reported as failed): the run stops"
 
 
@@ -27,7 +32,10 @@ _PEAKS = {}  # in the controlling process: each finished worker's peak resident 
 
 
 def _peak_kib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    if resource is None:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak // 1024 if sys.platform == "darwin" else peak
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -38,7 +46,7 @@ def pytest_testnodedown(node, error):
         if peak is not None:
             _PEAKS[node.gateway.id] = peak
         return
-    if str(node.config.getoption("maxworkerrestart")) != "0":
+    if STOP_SIGNAL is None or str(node.config.getoption("maxworkerrestart")) != "0":
         return
     scheduler = getattr(node.config.pluginmanager.getplugin("dsession"), "sched", None)
     for other in getattr(scheduler, "nodes", ()):
@@ -48,7 +56,7 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_sessionstart(session):
-    if hasattr(session.config, "workerinput"):  # an xdist worker
+    if hasattr(session.config, "workerinput") and STOP_SIGNAL is not None:  # an xdist worker
         session.config.pluginmanager.register(_StopOnSignal(session), "stop-on-signal")
 
 
@@ -62,8 +70,9 @@ def pytest_terminal_summary(terminalreporter, config):
     if hasattr(config, "workerinput"):
         return
     peaks = sorted(_PEAKS.items()) if _PEAKS else [("this process", _peak_kib())]
-    terminalreporter.write_line("peak memory (resident): " + ", ".join(
-        f"{name} {kib / 2**20:.2f} GiB" for name, kib in peaks))
+    if all(kib is not None for _, kib in peaks):
+        terminalreporter.write_line("peak memory (resident): " + ", ".join(
+            f"{name} {kib / 2**20:.2f} GiB" for name, kib in peaks))
 
 
 class _StopOnSignal:
