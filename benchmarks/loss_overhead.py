@@ -59,7 +59,7 @@ vocabulary 128,256 with the 1,110 number pieces 0-999, 00-09 and 000-099 at scat
 On a GPU, `--calls 10` queues ten steps per timed sample (dispatch would weigh in on one),
 `--hbm-floor` times reading the logits and writing as much beside the variants, and
 `--formulations all` compiles each NTL variant in each formulation of the number
-statistics (ntl_jax/_core/number_stats.py; each variant traced inside its own
+statistics (src/ntl_jax/_core/number_stats.py; each variant traced inside its own
 `forced_formulation` block):
 
     python benchmarks/loss_overhead.py --shapes 8x1024x32128 --formulations all --hbm-floor --calls 10 --no-ntloss
@@ -673,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--formulations", default="backend",
                         help="backend (default): each NTL variant as this backend computes its number "
                              "statistics; all, or a comma-separated list from columns, gathered, reductions "
-                             "(ntl_jax/_core/number_stats.py): each variant once in each, named "
+                             "(src/ntl_jax/_core/number_stats.py): each variant once in each, named "
                              "'<variant> [<formulation>]'")
     parser.add_argument("--calls", type=int, default=1,
                         help="steps per timed sample, queued before waiting for the last (default 1); on a "
@@ -743,7 +743,7 @@ def run(argv=None) -> int:
     if args.calls > 1:
         print(f"- each timed sample: {args.calls} steps queued, then a wait for the last; times are per step")
     if formulations != (None,):
-        print("- `[<formulation>]`: how the number statistics are computed (ntl_jax/_core/number_stats.py):"
+        print("- `[<formulation>]`: how the number statistics are computed (src/ntl_jax/_core/number_stats.py):"
               " `columns`, from the number columns, their gradient scattered back; `gathered`, the same,"
               " their gradient gathered back through a [vocab] slot map; `reductions`, by masked reductions"
               " over the vocabulary")

@@ -25,7 +25,7 @@ import pathlib
 import shutil
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))  # this checkout's ntl_jax
 
 from ntl_jax.cli.compare import MACHINES, machine_name, read_machines  # noqa: E402
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Regenerates ntl_jax/data/vocab_assets/rt_number_tokens.txt, the Regression Transformer's number tokens.
+"""Regenerates src/ntl_jax/data/vocab_assets/rt_number_tokens.txt, the Regression Transformer's number tokens.
 
 One piece per line, `_d_p_` for every digit d in 0..9 at every decimal place p from
 --max-place down to --min-place, places in decreasing order and digits in increasing
@@ -27,8 +27,8 @@ import sys
 
 MAX_PLACE = 31
 MIN_PLACE = -23
-DEFAULT_OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ntl_jax", "data", "vocab_assets",
-                              "rt_number_tokens.txt")
+DEFAULT_OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "ntl_jax", "data",
+                              "vocab_assets", "rt_number_tokens.txt")
 
 
 def pieces(max_place: int = MAX_PLACE, min_place: int = MIN_PLACE) -> list[str]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Regenerates ntl_jax/data/vocab_assets/ntl_math.model, the shipped SentencePiece vocabulary.
+"""Regenerates src/ntl_jax/data/vocab_assets/ntl_math.model, the shipped SentencePiece vocabulary.
 
 A BPE model trained on generated DeepMind mathematics text (questions and answers
 of every module, all five release folders) with `split_digits=True` and the ten digits
@@ -20,7 +20,7 @@ import io
 import os
 import sys
 
-DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "ntl_jax", "data", "vocab_assets",
+DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "src", "ntl_jax", "data", "vocab_assets",
                               "ntl_math.model")
 
 

@@ -16,7 +16,7 @@ import math
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))  # this checkout's ntl_jax
 
 from ntl_jax.train.paired_stats import higher_is_better  # noqa: E402
 from ntl_jax.train.step import uses_gce  # noqa: E402

@@ -24,7 +24,7 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's ntl_jax
 
 from ntl_jax.train import results_table  # noqa: E402
 from ntl_jax.train.logging_utils import write_json  # noqa: E402

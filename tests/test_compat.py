@@ -1,5 +1,5 @@
 """What ntl_jax reads from JAX and Flax beyond their plainest public API, checked on the
-installed versions: the reaches in ntl_jax/_core/compat.py (the mesh of `with mesh:`, the
+installed versions: the reaches in src/ntl_jax/_core/compat.py (the mesh of `with mesh:`, the
 `pytree=` of an NNX head's class, and `jax.core.Tracer`, which `is_traced` reads).
 Each failure names the installed versions, so a release that moves what is read is seen
 here rather than deep inside a training step."""

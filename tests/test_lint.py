@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_ruff_check_passes():
     result = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--no-cache", "ntl_jax", "tests", "benchmarks", "scripts", "setup.py"],
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "src", "tests", "benchmarks", "scripts", "setup.py"],
         cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr

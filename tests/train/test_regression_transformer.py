@@ -39,7 +39,7 @@ def _script():
 
 
 def _file_lines():
-    return (REPO / "ntl_jax" / "data" / "vocab_assets" / "rt_number_tokens.txt").read_text().splitlines()
+    return (REPO / "src" / "ntl_jax" / "data" / "vocab_assets" / "rt_number_tokens.txt").read_text().splitlines()
 
 
 def reference_pieces(number: str) -> list[str]:
@@ -80,7 +80,7 @@ def rt_values(vocab, ids) -> list[Fraction]:
 
 def test_the_committed_pieces_file_is_what_the_script_writes(tmp_path):
     script = _script()
-    committed = (REPO / "ntl_jax" / "data" / "vocab_assets" / "rt_number_tokens.txt").read_bytes()
+    committed = (REPO / "src" / "ntl_jax" / "data" / "vocab_assets" / "rt_number_tokens.txt").read_bytes()
     assert script.main(["--output", str(tmp_path / "rt.txt")]) == 0
     assert (tmp_path / "rt.txt").read_bytes() == committed
     lines = committed.decode().splitlines()

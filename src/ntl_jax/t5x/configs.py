@@ -1,7 +1,7 @@
 """Where ntl_jax's gin files are: a source checkout or the installed package.
 
-The gin files live in `t5x_configs/` at the top of the repository; the wheel ships
-a copy as `ntl_jax/t5x_configs/`. Either way gin resolves them as
+The gin files live in `t5x_configs/` at the top of the repository (the package's source
+is in `src/ntl_jax/`); the wheel ships a copy as `ntl_jax/t5x_configs/`. Either way gin resolves them as
 `t5x_configs/<...>.gin` relative to `gin_search_path()`, so the same `include` lines
 and `--gin_file` arguments work from a checkout and from an installed wheel.
 """
@@ -16,8 +16,9 @@ _DIRNAME = "t5x_configs"
 
 
 def _candidates() -> List[pathlib.Path]:
-    # Installed wheel first, then the checkout this package was imported from.
-    return [_PACKAGE_DIR, _PACKAGE_DIR.parent]
+    # Installed wheel first, then the checkout this package was imported from
+    # (<checkout>/src/ntl_jax).
+    return [_PACKAGE_DIR, _PACKAGE_DIR.parents[1]]
 
 
 def gin_search_path() -> str:
