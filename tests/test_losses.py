@@ -167,7 +167,9 @@ def test_predict_numbers_values():
 # -- gradients and numerics -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("loss", KIND_REWEIGH, ids=lambda loss: loss.spec)
+# NTIL's value reads the argmax digits, its gradient passes straight through a softmax:
+# no finite difference follows it (tests/test_ntil.py holds it to its authors').
+@pytest.mark.parametrize("loss", [loss for loss in KIND_REWEIGH if loss.name != "ntil"], ids=lambda loss: loss.spec)
 def test_gradients_match_finite_differences(loss):
     f = functools.partial(ntl_jax.number_token_loss, targets=TARGETS, number_tokens=NT, number_loss=loss,
                           reduction="mean")
@@ -322,7 +324,7 @@ def test_vmap_equals_a_loop(kind):
          r"weights of shape \(2, 3\).*got \(3, 2\)"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"reduction": "avg"}, ValueError, "reduction in.*'avg'"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"number_loss": "l3"}, ValueError,
-         r"expected a number loss in \('was', .*\(or 'none'\), got 'l3'"),
+         r"expected a number loss in \('was', .*or 'none'\), got 'l3'"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"number_loss": "mse(squash_factor=2.0)"}, ValueError,
          r"number loss 'mse' has no parameter 'squash_factor' \(it takes \('reweigh',\)\)"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"number_loss": None}, ValueError,

@@ -354,14 +354,10 @@ class NTLLossMixin:
     name or one of its own parameters) raises a TypeError naming the new form: the
     number loss is one value, `number_loss`.
 
-    `fused_vocab_axis` (default `"model"`, the mesh axis of the vocabulary in T5X's
-    standard partitioning rules, `('vocab', 'model')`): with `fused_loss`, when the
-    mesh in context (T5X's `PjitPartitioner` runs the step inside `with mesh:`) has
-    this axis with more than one device, the loss is computed vocabulary-parallel over
-    it (`model_loss_from_hidden`'s `vocab_axis`): each device streams its own columns
-    of the logits kernel, which is never all-gathered. Without such a mesh, or with
-    None, the loss is computed as on one device (under a partitioner, XLA then
-    partitions it, gathering the kernel).
+    `fused_vocab_axis` (default `"model"`, T5X's mesh axis of the vocabulary): with
+    `fused_loss` and a mesh in context whose axis has more than one device, the loss is
+    vocabulary-parallel over it, the kernel never all-gathered (docs/guides/t5x.md);
+    else it is computed as on one device.
     """
 
     per_step_metric: Optional[Callable[..., Any]] = None
