@@ -96,15 +96,15 @@ def _kernel_gathers(lowered, kernel_type: str) -> list[str]:
 
 
 def test_the_chip_is_named_and_each_gets_its_own_program(chip):
-    # One jitted function, the same shapes: traced for this machine's CPU, then ahead of
-    # time for a v5e chip named by `device_kind`. Each trace has its own program in jit's
+    # One jitted function, the same shapes: traced for a CPU, then ahead of time for a
+    # v5e chip, each named by `device_kind`. Each trace has its own program in jit's
     # cache: the CPU's gathers the target's column and the number tokens' columns from
     # the kernel; the TPU's gathers nothing from it (the target's logit is picked in
     # the chunk's one reduction, a column at a time for the number tokens).
     nt = ntl_jax.NumberTokens.from_pieces(["x"] * 7 + [str(i) for i in range(10)] + ["x"] * 4079)
     traced = []
 
-    def loss(hidden, kernel, targets, device_kind=None):
+    def loss(hidden, kernel, targets, device_kind):
         traced.append(device_kind)
         return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, device_kind=device_kind)[0]
 
@@ -116,10 +116,10 @@ def test_the_chip_is_named_and_each_gets_its_own_program(chip):
                 jax.ShapeDtypeStruct((128, 4096), jnp.bfloat16, sharding=sharding),
                 jax.ShapeDtypeStruct((1, 256), jnp.int32, sharding=sharding))
 
-    cpu = step.lower(*args(jax.devices("cpu")[0]))
+    cpu = step.lower(*args(jax.devices("cpu")[0]), device_kind="cpu")
     tpu = step.lower(*args(chip), device_kind=chip.device_kind)
-    assert step.lower(*args(jax.devices("cpu")[0])).as_text() == cpu.as_text()
-    assert traced == [None, chip.device_kind]  # the CPU's lowered again from jit's cache
+    assert step.lower(*args(jax.devices("cpu")[0]), device_kind="cpu").as_text() == cpu.as_text()
+    assert traced == ["cpu", chip.device_kind]  # the CPU's lowered again from jit's cache
     kernel = "tensor<128x4096xbf16>"
     assert set(_kernel_gathers(cpu, kernel)) == {"tensor<128x10xbf16>", "tensor<128x256xbf16>"}
     assert _kernel_gathers(tpu, kernel) == []

@@ -150,13 +150,13 @@ def test_bad_fused_options(kwargs, message):
 def test_the_fused_loss_is_traced_for_the_chip_it_is_compiled_for():
     # What compile_check does with a pod's chip (`compiled_for`): the copy's fused loss
     # is the TPU's, which gathers no column of the kernel (picked in its chunk loop);
-    # here, as on any CPU, the model's own gathers them. The model itself is unchanged.
+    # the model's own, for a CPU, gathers them. The model itself is unchanged.
     batch = make_batch(packed=False, seed=6)
     module = TinyDecoder()
     params = _params(module, batch)
-    model = FlaxFakeModel(module=module, fused_loss=True)
+    model = FlaxFakeModel(module=module, fused_loss=True, fused_device_kind="cpu")
     tpu = model.compiled_for("TPU v5 lite")
-    assert (model.fused_device_kind, tpu.fused_device_kind) == (None, "TPU v5 lite")
+    assert (model.fused_device_kind, tpu.fused_device_kind) == ("cpu", "TPU v5 lite")
 
     def kernel_gathers(m):
         text = jax.jit(jax.grad(lambda p: m.loss_fn(p, batch, None)[0])).lower(params).as_text()
