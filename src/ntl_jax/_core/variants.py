@@ -119,15 +119,14 @@ class NumberLoss:
                              "name it once with ntl_jax.losses.register(loss)")
         return text
 
-    def _text(self) -> str:
+    def _text(self, name: str | None = None) -> str:
         args = self.params + ((("reweigh", True),) if self.reweigh else ())
-        return _spec_text(self.name, args)
+        return _spec_text(name or self.name, args)
 
     @property
     def shown(self) -> str:
         """The loss as runs and tables name it: `label` (else `name`) and its parameters."""
-        args = self.params + ((("reweigh", True),) if self.reweigh else ())
-        return _spec_text(self.label or self.name, args)
+        return self._text(self.label)
 
     @property
     def needs_masses(self) -> bool:
