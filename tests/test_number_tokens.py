@@ -48,10 +48,13 @@ def test_bad_squash_factor(bad, error, message):
     with pytest.raises(error) as info:
         losses.was(squash_factor=bad)
     assert str(info.value) == f"number loss 'was': {message}"
-    # The table no longer squashes: NTL-WAS's parameter, not the table's.
-    nt = NumberTokens.from_pieces(["a", "0", "1"])
-    with pytest.raises(TypeError, match="squash_factor"):
-        nt.distance_table(squash_factor=3.0)
+    # The table squashes as NTL-WAS charges, so it refuses what `was` refuses, and a table
+    # whose closest and farthest wrong tokens coincide.
+    with pytest.raises(error) as info:
+        NumberTokens.from_pieces(["a", "0", "1", "2"]).distance_table(squash_factor=bad)
+    assert str(info.value) == f"number loss 'was': {message}"
+    with pytest.raises(ValueError, match=r"at least 3 distinct values .* got values \[0.0, 1.0\]"):
+        NumberTokens.from_pieces(["a", "0", "1"]).distance_table(squash_factor=3.0)
 
 
 def test_errors_name_the_problem():
