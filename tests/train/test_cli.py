@@ -147,13 +147,20 @@ def test_plot_loss_values_and_png(tmp_path):
     np.testing.assert_allclose(curves["DEL"][[0, 3, 5, 9]], 2 * wrong, rtol=1e-5)
     q = np.exp(-(np.arange(10) - 4.0) ** 2)
     q /= q.sum()
-    np.testing.assert_allclose(curves["DIST²"][4], np.sum(q * np.log(q)) - q[4] * np.log(c)
+    np.testing.assert_allclose(curves["DIST2"][4], np.sum(q * np.log(q)) - q[4] * np.log(c)
                                - (1 - q[4]) * np.log(rest), rtol=1e-5)
+    # Any spec: squashed, the table's closest wrong digit costs 1 and its farthest (9 away) 3.
+    squashed = loss_curves(4, np.eye(10), ["was(squash_factor=3.0)"])
+    np.testing.assert_allclose(squashed["NTL-WAS(squash_factor=3.0)"][[0, 3, 4, 5, 9]],
+                               [1.75, 1.0, 0.0, 1.0, 2.0], rtol=1e-5, atol=1e-6)
     out = tmp_path / "loss.png"
     assert cli.main(["plot-loss", "--digit", "7", "--out", str(out)]) == 0
     assert out.stat().st_size > 10_000
     with pytest.raises(SystemExit):
         cli.main(["plot-loss", "--digit", "12"])
+    for bad in ("none", "gce"):
+        with pytest.raises(SystemExit):
+            cli.main(["plot-loss", "--losses", bad])
 
 
 @pytest.mark.parametrize("checkpoint_every", [1, 2])

@@ -14,9 +14,9 @@ from ntl_jax.cli import plot_loss as cli_plot_loss  # noqa: E402
 @pytest.fixture
 def fast_curves(monkeypatch):
     """Skips the loss computation: these tests are about where the figure goes."""
-    def fake(digit, distributions):
+    def fake(digit, distributions, specs):
         k = len(distributions)
-        return {name: np.linspace(0, 1, k) for name, _ in cli_plot_loss.STYLES}
+        return {name: np.linspace(0, 1, k) for name in ["CE"] + [s.upper() for s in specs]}
 
     monkeypatch.setattr(cli_plot_loss, "loss_curves", fake)
 

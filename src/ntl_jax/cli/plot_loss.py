@@ -1,4 +1,5 @@
-"""`ntl-jax plot-loss`: CE, NTL-MSE, NTL-WAS, DEL and DIST² over predicted digit distributions.
+"""`ntl-jax plot-loss`: CE beside number losses (by default NTL-MSE, NTL-WAS, DEL and DIST²)
+over predicted digit distributions.
 
 The paper's picture (Zausinger et al. 2025, Fig. 1): cross-entropy only asks whether the
 right digit got the mass, so every wrong digit costs the same; NTL grows with how far
@@ -6,7 +7,8 @@ the predicted digits are from the target, and so does its successor DIST² (a KL
 divergence to a target spread by distance); its other successor DEL (a binary
 cross-entropy per digit, weighted by the digit's mass and place) weighs places, not
 distances, so it too charges every wrong digit alike. Computed with the library's own losses on a
-vocabulary made of the ten digits plus padding and EOS.
+vocabulary made of the ten digits plus padding and EOS; `--losses` takes any spec
+`ntl_jax.losses.parse` reads, a registered loss of your own too.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ digit_in_range = checked(int, lambda v: 0 <= v <= 9, "a digit 0-9")
 probability = checked(float, lambda v: 0.1 < v < 1, "a probability in (0.1, 1)")
 
 DEFAULT_NAME = "ntl_loss.png"
-STYLES = (("CE", "o-"), ("NTL-MSE", "s-"), ("NTL-WAS", "^-"), ("DEL", "d-"), ("DIST²", "v-"))
+DEFAULT_LOSSES = ("mse", "was", "del", "dist2")
+MARKERS = "osd^v<>pP*XhH"
 
 
 def writable_formats() -> list[str]:
@@ -79,18 +82,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(png, pdf, svg, ...), a path without one gets .png, and an "
                              f"existing directory (or a path ending in '/') gets {DEFAULT_NAME} "
                              "inside it; missing folders are created (default: %(default)s)")
+    parser.add_argument("--losses", type=number_loss_spec, nargs="+", default=list(DEFAULT_LOSSES),
+                        metavar="SPEC",
+                        help="the number losses drawn beside CE, as ntl_jax.losses.parse reads "
+                             "them, e.g. 'was(squash_factor=3)' (default: %(default)s)")
 
 
-def loss_curves(digit: int, distributions: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-distribution CE, NTL-MSE, NTL-WAS, DEL and DIST² for target `digit` (a
-    one-digit number: DEL's place weight is the ones', 2).
+def number_loss_spec(text: str) -> str:
+    """Checks that `text` is a number loss spec (not 'none'); returns it unchanged."""
+    from ntl_jax import losses
+
+    try:
+        loss = losses.parse(text)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if loss is None:
+        raise argparse.ArgumentTypeError("expected a number loss, got 'none'")
+    return text
+
+
+def legend_name(spec: str) -> str:
+    """The name a curve gets: the loss as runs show it, its name upper-cased ("NTL-WAS",
+    "NTL-WAS(squash_factor=3.0)")."""
+    from ntl_jax import losses
+
+    name, paren, params = losses.parse(spec).shown.partition("(")
+    return name.upper() + paren + params
+
+
+def loss_curves(digit: int, distributions: np.ndarray,
+                specs: tuple[str, ...] | list[str] = DEFAULT_LOSSES) -> dict[str, np.ndarray]:
+    """Per-distribution CE and each number loss in `specs` for target `digit` (a one-digit
+    number: DEL's place weight is the ones', 2).
 
     Args:
       digit: target digit 0-9.
       distributions: `[K, 10]` probabilities over the digits 0-9 (rows sum to 1).
+      specs: number loss specs, as `ntl_jax.losses.parse` reads them.
 
     Returns:
-      `{"CE": [K], "NTL-MSE": [K], "NTL-WAS": [K], "DEL": [K], "DIST²": [K]}` as numpy arrays.
+      `{"CE": [K], legend_name(spec): [K], ...}` as numpy arrays, e.g. `"NTL-WAS"` for "was".
     """
     import jax.numpy as jnp
 
@@ -103,8 +134,8 @@ def loss_curves(digit: int, distributions: np.ndarray) -> dict[str, np.ndarray]:
     targets = jnp.full((len(distributions), 1), 2 + digit, jnp.int32)
     ce = [float(ntl_jax.weighted_cross_entropy(logits[i:i + 1], targets[i:i + 1])[0])
           for i in range(len(distributions))]
-    number_losses = {name: ntl_jax.number_token_loss(logits, targets, number_tokens, number_loss=spec)[:, 0]
-                     for name, spec in (("NTL-MSE", "mse"), ("NTL-WAS", "was"), ("DEL", "del"), ("DIST²", "dist2"))}
+    number_losses = {legend_name(spec): ntl_jax.number_token_loss(logits, targets, number_tokens, number_loss=spec)[:, 0]
+                     for spec in specs}
     return {"CE": np.asarray(ce)} | {name: np.asarray(loss) for name, loss in number_losses.items()}
 
 
@@ -144,12 +175,12 @@ def run(args: argparse.Namespace) -> int:
     import matplotlib.pyplot as plt
 
     centres = np.linspace(0, 9, 181)
-    left = loss_curves(args.digit, peaked(args.confidence))
-    right = loss_curves(args.digit, gaussian(centres, args.width))
+    left = loss_curves(args.digit, peaked(args.confidence), args.losses)
+    right = loss_curves(args.digit, gaussian(centres, args.width), args.losses)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, style in STYLES:
-        axes[0].plot(np.arange(10), left[name], style, label=name)
-        axes[1].plot(centres, right[name], style[1:], label=name)
+    for name, marker in zip(left, MARKERS * (len(left) // len(MARKERS) + 1)):
+        axes[0].plot(np.arange(10), left[name], marker + "-", label=name)
+        axes[1].plot(centres, right[name], "-", label=name)
     axes[0].set(xlabel="predicted digit (argmax)", ylabel="loss", xticks=range(10),
                 title=f"target {args.digit}; {args.confidence:.0%} on the predicted digit")
     axes[1].set(xlabel="centre of the predicted distribution",
@@ -157,7 +188,6 @@ def run(args: argparse.Namespace) -> int:
     for ax in axes:
         ax.axvline(args.digit, color="grey", lw=0.8, ls=":")
         ax.legend()
-    fig.suptitle("CE and DEL charge every wrong digit alike; NTL and DIST² grow with how far off it is")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
