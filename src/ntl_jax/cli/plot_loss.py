@@ -134,9 +134,11 @@ def loss_curves(digit: int, distributions: np.ndarray,
     targets = jnp.full((len(distributions), 1), 2 + digit, jnp.int32)
     ce = [float(ntl_jax.weighted_cross_entropy(logits[i:i + 1], targets[i:i + 1])[0])
           for i in range(len(distributions))]
-    number_losses = {legend_name(spec): ntl_jax.number_token_loss(logits, targets, number_tokens, number_loss=spec)[:, 0]
-                     for spec in specs}
-    return {"CE": np.asarray(ce)} | {name: np.asarray(loss) for name, loss in number_losses.items()}
+    curves = {"CE": np.asarray(ce)}
+    for spec in specs:
+        loss = ntl_jax.number_token_loss(logits, targets, number_tokens, number_loss=spec)
+        curves[legend_name(spec)] = np.asarray(loss[:, 0])
+    return curves
 
 
 def peaked(confidence: float) -> np.ndarray:
