@@ -18,7 +18,7 @@ from maxtext.trainers.pre_train import train  # noqa: E402
 import ntl_jax  # noqa: E402
 from ntl_jax import losses  # noqa: E402
 from ntl_jax import maxtext as ntl_maxtext  # noqa: E402
-from ntl_jax.maxtext import step, tiles  # noqa: E402
+from ntl_jax.maxtext import install, step, tiles  # noqa: E402
 from ntl_jax.maxtext.install import pretraining  # noqa: E402
 from ntl_jax.maxtext.loss import ntl_metrics  # noqa: E402
 from tests.maxtext import tiny  # noqa: E402
@@ -330,3 +330,20 @@ def test_the_number_tokens_come_from_the_tokenizer_the_config_names(kind, path, 
         ntl_maxtext.number_tokens(_Config(**{**config.__dict__, "vocab_size": 1000}))
     with pytest.raises(ValueError, match=r"expected tokenizer_path .*got tokenizer_path=''"):
         ntl_maxtext.number_tokens(_Config(**{**config.__dict__, "tokenizer_path": ""}))
+
+
+@pytest.mark.parametrize("number_loss, term", [
+    ("was", 0.3 * 2.0 / 8.0),  # weight x NTL's sum over the real targets
+    ("ntil", 0.3 * 12.0 / 8.0),  # scaled to CE: weight x CE, whatever NTIL's sum
+])
+def test_fine_tuning_logs_the_term_each_loss_adds(number_loss, term):
+    pytest.importorskip("tunix")
+    from types import SimpleNamespace
+
+    buffer = SimpleNamespace(additional_metrics={})
+    aux = {"ntl_sum": jnp.float32(2.0), "ntl_weight_sum": jnp.float32(1.0), "number_targets": jnp.int32(4),
+           "total_weights": jnp.float32(8.0), "xent_sum": jnp.float32(12.0)}
+    settings = ntl_maxtext.NumberLossSettings(weight=0.3, number_loss=number_loss, digit_level=True)
+    install._buffer_ntl(buffer, aux, settings)
+    [logged], _ = buffer.additional_metrics["ntl_term"]
+    np.testing.assert_allclose(float(logged), term, rtol=1e-6)

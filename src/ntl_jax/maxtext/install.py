@@ -27,6 +27,7 @@ from ntl_jax.maxtext.loss import (
     number_eval_step,
     number_loss_fn,
     number_train_step,
+    ntl_term,
 )
 from ntl_jax.maxtext.metrics import number_metric_logger
 from ntl_jax.maxtext.settings import NumberLossSettings, split_argv
@@ -120,7 +121,7 @@ def _in_tiles(settings: NumberLossSettings) -> list:
             (vocabulary_tiling, "max_utils", tiles.tile_max_utils())]
 
 
-def _buffer_ntl(buffer, aux, weight: float) -> None:
+def _buffer_ntl(buffer, aux, settings: NumberLossSettings) -> None:
     # As ntl_jax.tunix's trainer logs its parts: each step's values join the buffer the
     # trainer writes through Tunix's metrics logger, `ntl` pooled from sums and counts.
     from ntl_jax.tunix.trainer import buffer_ntl  # Tunix: fine-tuning only
@@ -128,7 +129,7 @@ def _buffer_ntl(buffer, aux, weight: float) -> None:
     if buffer is None or aux is None or NTL_SUM not in aux:
         return
     buffer_ntl(buffer, aux[NTL_SUM], aux[NTL_WEIGHT_SUM])
-    for name, value in (("ntl_term", weight * aux[NTL_SUM] / np.maximum(aux["total_weights"], 1)),
+    for name, value in (("ntl_term", ntl_term(aux, settings.weight, settings.number_loss)),
                         ("number_targets", aux[NUMBER_TARGETS])):
         values, _ = buffer.additional_metrics.setdefault(name, ([], np.mean))
         values.append(value)
@@ -158,11 +159,11 @@ def _number_peft_trainer(stock_trainer_class, settings: NumberLossSettings):
 
         def _post_process_train_step(self, aux):
             super()._post_process_train_step(aux)
-            _buffer_ntl(self._buffered_train_metrics, aux, settings.weight)
+            _buffer_ntl(self._buffered_train_metrics, aux, settings)
 
         def _post_process_eval_step(self, aux):
             super()._post_process_eval_step(aux)
-            _buffer_ntl(self._buffered_eval_metrics, aux, settings.weight)
+            _buffer_ntl(self._buffered_eval_metrics, aux, settings)
 
     return NumberLossPeftTrainer
 

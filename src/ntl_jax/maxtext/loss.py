@@ -208,13 +208,13 @@ def ntl_metrics(aux, prefix: str, weight: float, number_loss=None) -> dict:
     """From a step's loss aux (summed over gradient accumulation's micro-batches):
     `{prefix}/ntl`, NTL's mean over the positions it counts (`ntl_jax.ntl_mean`, as
     `cross_entropy_and_ntl`'s `parts["ntl"]`, 0 where none); `{prefix}/ntl_term`, what
-    the number loss adds to the loss (`_term`); `{prefix}/number_targets`."""
+    the number loss adds to the loss (`ntl_term`); `{prefix}/number_targets`."""
     return {f"{prefix}/ntl": ntl_mean(aux[NTL_SUM], aux[NTL_WEIGHT_SUM]),
-            f"{prefix}/ntl_term": _term(aux, weight, number_loss),
+            f"{prefix}/ntl_term": ntl_term(aux, weight, number_loss),
             f"{prefix}/number_targets": aux[NUMBER_TARGETS]}
 
 
-def _term(aux, weight, number_loss):
+def ntl_term(aux, weight, number_loss):
     """What `weight` x the number loss adds to the loss, normalised as MaxText's
     cross-entropy (`NumberLoss.term`; `weight` x NTL's sum over the real targets' count)."""
     from maxtext.utils.globals import EPS
