@@ -24,10 +24,10 @@ from ntl_jax.maxtext.loss import (
     NTL_SUM,
     NTL_WEIGHT_SUM,
     NUMBER_TARGETS,
+    ntl_term,
     number_eval_step,
     number_loss_fn,
     number_train_step,
-    ntl_term,
 )
 from ntl_jax.maxtext.metrics import number_metric_logger
 from ntl_jax.maxtext.settings import NumberLossSettings, split_argv
