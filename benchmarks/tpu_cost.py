@@ -23,8 +23,9 @@ Tables (`--tables`, default all):
    logits.astype(f32), t) * w) / sum(w)`, the reference, and `optax CE + 0.3 *
    ntl_jax.number_token_loss(logits, t, nt, number_loss=K(reweigh=R), weights=w,
    reduction="mean")` for every loss K of `ntl_jax.losses` (`was(squash_factor=5)` on
-   T5's digits only, `number_level_float` where the table has a "." token), R = False /
-   True ("+rw") where the loss has a largest value.
+   T5's digits only; `number_level_float` where the table has a "." token; a loss where
+   its `check_table` takes the table, so NTIL on digits), R = False / True ("+rw") where
+   the loss has a largest value (a `ceiling`).
 2. objective: `ntl_jax.cross_entropy_and_ntl(logits, t, nt, weights=w,
    loss_normalizing_factor="NUM_REAL_TARGET_TOKENS", ...)[0]` with its options, against
    the same optax CE.
@@ -485,9 +486,18 @@ def logits_floor(shape, dtype: str) -> float:
 # -- 1. standalone losses ---------------------------------------------------------------------
 
 STANDALONE_KINDS = ("was", "was_cdf", "mse", "mae", "huber", "number_level", "number_level_float", "del", "dist2",
-                    "smmd")
-# NTL's successors have no largest value for reweigh to charge: no "+rw" rows.
-UNBOUNDED_KINDS = ("del", "dist2", "smmd")
+                    "smmd", "ntil")
+
+
+def scores(kind: str, nt) -> bool:
+    """Whether the loss `kind` takes the number tokens `nt` (its own `check_table`)."""
+    loss = number_loss(kind)
+    try:
+        if loss.check_table is not None:
+            loss.check_table(nt)
+    except ValueError:
+        return False
+    return True
 
 
 def number_loss(kind: str, reweigh: bool = False, **params):
@@ -502,17 +512,16 @@ def standalone_losses(vocab: str, kinds=None, reweighs=(False, True)) -> dict:
     """name -> the `ntl_jax.losses` value of each standalone row after optax CE ("+ was",
     "+ was +rw", "+ was sq5", ...)."""
     nt = number_tokens(vocab)
-    kinds = list(kinds or STANDALONE_KINDS)
-    if nt.dot_id is None and "number_level_float" in kinds:
-        kinds.remove("number_level_float")
+    kinds = [kind for kind in kinds or STANDALONE_KINDS if scores(kind, nt)
+             and not (kind == "number_level_float" and nt.dot_id is None)]  # number_level's program there
     settings = [(k, k, {}) for k in kinds]
     if vocab == "t5" and "was" in kinds:  # values 0..9: a squash factor is defined
         settings.insert(kinds.index("was") + 1, ("was sq5", "was", {"squash_factor": 5.0}))
     out = {}
     for name, kind, params in settings:
         for reweigh in reweighs:
-            if reweigh and kind in UNBOUNDED_KINDS:
-                continue
+            if reweigh and number_loss(kind).ceiling is None:
+                continue  # no largest value to charge (NTL's successors, NTIL)
             out[f"+ {name}" + (" +rw" if reweigh else "")] = number_loss(kind, reweigh, **params)
     return out
 
@@ -567,6 +576,7 @@ OBJECTIVE_SETTINGS = {
     "del": {"number_loss": "del"},
     "dist2": {"number_loss": "dist2"},
     "smmd": {"number_loss": "smmd"},
+    "ntil": {"number_loss": "ntil"},
     "was +rw": {"number_loss": ("was", {"reweigh": True})},
     "was z_loss 1e-4": {"z_loss": 1e-4},
     "was label_smoothing 0.1": {"label_smoothing": 0.1},
@@ -612,7 +622,8 @@ def objective_variants(vocab: str, settings=None) -> dict[str, tuple[Callable, b
     variants = {"optax CE": (optax_ce, False)}
     for name in settings or OBJECTIVE_SETTINGS:
         options = OBJECTIVE_SETTINGS[name]
-        if options.get("number_loss") == "number_level_float" and nt.dot_id is None:
+        given = options.get("number_loss")
+        if isinstance(given, str) and (not scores(given, nt) or (given == "number_level_float" and nt.dot_id is None)):
             continue
         variants[name] = objective(options)
     return variants

@@ -116,6 +116,8 @@ def test_loop_bodies_are_counted_once_per_trip(tpu):
     # masked sums (SMMD; on the LLaMA-3-like table it gathers its 1,110 columns: 2.59x,
     # docs/performance.md)
     ("t5", "bf16", ("del", "dist2", "smmd"), (False,)),
+    # NTIL: the expected distance per digit, then a few [B, L] scans for its numbers
+    ("t5", "bf16", ("ntil",), (False,)),
 ])
 def test_standalone_loss_adds_at_most_5_percent_to_optax_ce(tpu, vocab, dtype, kinds, reweighs):
     rows = tpu_cost.standalone_rows(vocab, dtype, kinds, reweighs=reweighs)
@@ -134,7 +136,7 @@ def test_standalone_loss_adds_at_most_5_percent_to_optax_ce(tpu, vocab, dtype, k
     # token's column, which beyond 32 of them it gathers (2.14x at 1,110; see docs/performance.md)
     ("llama3", "bf16", ("was_cdf", "was gce_sigma 1")),
     # float32, where the objective and optax's CE read the logits alike
-    ("t5", "f32", ("del", "dist2", "smmd")),
+    ("t5", "f32", ("del", "dist2", "smmd", "ntil")),
 ])
 def test_objective_reads_no_more_than_optax_ce(tpu, vocab, dtype, settings):
     rows = tpu_cost.objective_rows(vocab, dtype, settings)
@@ -221,9 +223,11 @@ def test_each_row_names_its_number_loss():
     assert standalone["+ was"] == "was" and standalone["+ was +rw"] == "was(reweigh=true)"
     assert standalone["+ was sq5 +rw"] == "was(squash_factor=5.0, reweigh=true)"
     assert standalone["+ number_level_float +rw"] == "number_level_float(reweigh=true)"
-    assert [name for name in standalone if name.startswith(("+ del", "+ dist2", "+ smmd"))] == [
-        "+ del", "+ dist2", "+ smmd"]  # no largest value to reweigh against
+    assert [name for name in standalone if name.startswith(("+ del", "+ dist2", "+ smmd", "+ ntil"))] == [
+        "+ del", "+ dist2", "+ smmd", "+ ntil"]  # no largest value to reweigh against
     assert "+ was sq5" not in tpu_cost.standalone_losses("llama3")  # its values are not 0..9
+    assert "+ ntil" not in tpu_cost.standalone_losses("llama3")  # NTIL scores digit tables only
+    assert "ntil" not in tpu_cost.objective_variants("llama3") and "ntil" in tpu_cost.objective_variants("t5")
 
     def objective(name):
         options = tpu_cost.with_number_loss(tpu_cost.OBJECTIVE_SETTINGS[name])
