@@ -183,6 +183,7 @@ def test_the_removed_weight_flags_name_the_new_form(command, tmp_path, capsys):
 
 # The kept comparisons (evidence/, scripts/keep_runs.py) and the settings they declare.
 KEPT = ("add_or_sub_past_the_plateau", "diabetes_every_loss", "multiplication_past_the_floor")
+KEPT_SINCE_0_3 = ("diabetes_ntil",)  # commands in 0.3.0's form already
 REMOVED = {"--del-weight": "del", "--dist2-weight": "dist2", "--smmd-weight": "smmd"}
 
 
@@ -239,6 +240,21 @@ def test_the_kept_runs_are_finished_runs_of_their_command_in_the_new_form(settin
         config.validate()
         # What `compare` checks before it trains: the stored identity is this run's, and it finished.
         assert trainer.finished_run(config, cli_compare.run_dir(str(kept), spec)) is not None, spec
+
+
+@pytest.mark.parametrize("setting", KEPT_SINCE_0_3)
+def test_the_kept_runs_of_0_3_are_finished_runs_of_their_command(setting):
+    kept = ROOT / "evidence" / setting
+    if not kept.is_dir():
+        pytest.skip(f"{kept} is not in this checkout")
+    argv = shlex.split(json.loads((ROOT / "docs" / "results" / f"{setting}.json").read_text())["command"])[1:]
+    args = cli.build_parser(argv).parse_args(argv)
+    if args.task in ("multiplication", "diabetes"):  # as `compare` reads --task
+        args.module = args.task
+    _, runs = cli_compare.plan(args, str(kept))
+    assert len(runs) == sum(1 for _ in kept.glob("*/seed_*/config.json")) > 0
+    for spec in runs:
+        assert trainer.finished_run(cli_compare._config(args, spec), cli_compare.run_dir(str(kept), spec)) is not None
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "docs" / "results").glob("*.json")))
