@@ -83,8 +83,9 @@ import numpy as np
 from vocabularies import VOCABS, llama3_number_tokens, llama3_pieces, sample_targets
 
 KINDS = ("was", "mse", "mae", "huber", "number_level")
-# Also accepted by --kinds: NTL's successors, which take no reweigh (no "+rw" variant).
-SUCCESSOR_KINDS = ("del", "dist2", "smmd")
+# Also accepted by --kinds: NTL's successors and NTIL (T5's digits only), which take no
+# reweigh (no "+rw" variant).
+SUCCESSOR_KINDS = ("del", "dist2", "smmd", "ntil")
 USAGES = ("objective", "standalone")
 HBM_FLOOR = "read + write the logits"
 DEFAULT_SHAPES = "8x64x32128,32x128x32128"
