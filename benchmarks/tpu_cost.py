@@ -490,7 +490,11 @@ STANDALONE_KINDS = ("was", "was_cdf", "mse", "mae", "huber", "number_level", "nu
 
 
 def scores(kind: str, nt) -> bool:
-    """Whether the loss `kind` takes the number tokens `nt` (its own `check_table`)."""
+    """Whether the loss `kind` gets rows at the number tokens `nt`: its own `check_table`
+    takes them (and `number_level_float` only with a "." token: number_level's program
+    without one)."""
+    if kind == "number_level_float" and nt.dot_id is None:
+        return False
     loss = number_loss(kind)
     try:
         if loss.check_table is not None:
@@ -512,8 +516,7 @@ def standalone_losses(vocab: str, kinds=None, reweighs=(False, True)) -> dict:
     """name -> the `ntl_jax.losses` value of each standalone row after optax CE ("+ was",
     "+ was +rw", "+ was sq5", ...)."""
     nt = number_tokens(vocab)
-    kinds = [kind for kind in kinds or STANDALONE_KINDS if scores(kind, nt)
-             and not (kind == "number_level_float" and nt.dot_id is None)]  # number_level's program there
+    kinds = [kind for kind in kinds or STANDALONE_KINDS if scores(kind, nt)]
     settings = [(k, k, {}) for k in kinds]
     if vocab == "t5" and "was" in kinds:  # values 0..9: a squash factor is defined
         settings.insert(kinds.index("was") + 1, ("was sq5", "was", {"squash_factor": 5.0}))
@@ -623,7 +626,7 @@ def objective_variants(vocab: str, settings=None) -> dict[str, tuple[Callable, b
     for name in settings or OBJECTIVE_SETTINGS:
         options = OBJECTIVE_SETTINGS[name]
         given = options.get("number_loss")
-        if isinstance(given, str) and (not scores(given, nt) or (given == "number_level_float" and nt.dot_id is None)):
+        if isinstance(given, str) and not scores(given, nt):
             continue
         variants[name] = objective(options)
     return variants
