@@ -174,7 +174,7 @@ def _maxtext_aux(i):
 
     parts = _parts(i)
     return {NTL_SUM: parts["ntl_sum"], NTL_WEIGHT_SUM: parts["ntl_weight_sum"], NUMBER_TARGETS: COUNTS[i],
-            "total_weights": WEIGHTS[i].sum()}
+            "total_weights": WEIGHTS[i].sum(), "xent_sum": parts["cross_entropy"] * WEIGHTS[i].sum()}
 
 
 def _maxtext_evaluation():
@@ -190,14 +190,17 @@ def _maxtext_evaluation():
 
 def _maxtext_fine_tuning():
     pytest.importorskip("tunix")
+    pytest.importorskip("maxtext")  # its term is normalised with MaxText's epsilon
     from tunix.sft import peft_trainer
 
     from ntl_jax.maxtext.install import _buffer_ntl
+    from ntl_jax.maxtext.settings import NumberLossSettings
 
+    settings = NumberLossSettings(weight=0.3)
     buffer = peft_trainer.MetricsBuffer(step=0, losses=[])
     for i in range(len(TARGETS)):
         buffer.losses.append(0.0)
-        _buffer_ntl(buffer, _maxtext_aux(i), 0.3)
+        _buffer_ntl(buffer, _maxtext_aux(i), settings)
     return _written_by_tunix(buffer)["ntl"]
 
 
