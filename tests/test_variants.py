@@ -102,6 +102,40 @@ def _refuses(number_loss, nt):
     return None
 
 
+OWN_ONE_LINERS = [losses.expectation("squared", lambda v, y: (v - y) ** 2),
+                  losses.of_expected_value("log_error", lambda yhat, y: jnp.log1p(jnp.abs(yhat - y)))]
+
+
+@pytest.mark.parametrize("number_loss", LOSS_CASES + OWN_ONE_LINERS, ids=lambda loss: loss.name + str(loss.params))
+def test_a_loss_reads_other_positions_exactly_when_it_says_so(number_loss):
+    # MaxText's tiles split sequences only for a loss that says it reads its own position
+    # alone (`across_positions=False`): ending a number early at one position must leave
+    # every other position's loss as it was, bit for bit, for those, and move some other
+    # position's loss for the rest.
+    logits, targets, weights = inputs(DIGITS, seed=1)
+    digits = [PIECES.index(str(d)) for d in (4, 7, 1, 9, 2, 6)]
+    targets = targets.at[0, 5:11].set(jnp.asarray(digits, jnp.int32))  # a six-digit number
+    ended = targets.at[0, 8].set(PIECES.index("</s>"))  # ... ended after its third digit
+
+    def per_position(t):
+        target = number_target(t, weights, logits.shape[-1], DIGITS)
+        z = jnp.where(target.keep[..., None], jnp.take(logits, jnp.asarray(DIGITS.ids), axis=-1), 0.0)
+        loss, counted = number_loss.reference(z, target, DIGITS)
+        return np.asarray(jnp.where(counted, loss, 0.0))
+
+    before, after = per_position(targets), per_position(ended)
+    elsewhere = np.ones(before.shape, bool)
+    elsewhere[0, 8] = False
+    assert (not np.array_equal(before[elsewhere], after[elsewhere])) == number_loss.across_positions
+
+
+def test_a_loss_written_in_full_may_read_across_positions_unless_it_says_not():
+    own = losses.NumberLoss("own", losses.NumberReads(means=(lambda c, t, nt: c.value,)),
+                            lambda stats, target, nt: (stats.means[0], target.is_number))
+    assert own.across_positions
+    assert not dataclasses.replace(own, across_positions=False).across_positions
+
+
 # -- DEL ---------------------------------------------------------------------------------
 
 

@@ -154,19 +154,26 @@ def _squared_distance_reference(model, data, numbers):
     return per_position[counted].mean(), counted.sum()
 
 
-@pytest.mark.parametrize("num_tiles", [1, 2, 4])
-def test_a_loss_of_ones_own_is_its_reference_on_each_route(setup, num_tiles):
-    # Untiled from the hidden states; in 2 tiles of whole sequences inside the tiles; in 4
-    # tiles that split sequences from the hidden states (a loss of one's own may read
-    # across positions).
+@pytest.mark.parametrize("num_tiles, across_positions, in_tiles", [
+    (1, None, False),  # untiled: from the hidden states
+    (2, None, True),  # tiles of whole sequences: inside the tiles, whatever the loss reads
+    (4, None, False),  # tiles that split sequences: a loss of one's own may read across them
+    (4, False, True),  # the same tiles, a loss that says it reads its own position alone
+])
+def test_a_loss_of_ones_own_is_its_reference_on_each_route(setup, num_tiles, across_positions, in_tiles):
+    # Where the loss is computed follows `NumberLoss.across_positions`, which a loss of
+    # one's own leaves True unless it says otherwise.
     _, untiled_model, mesh, numbers, data = setup
     config = tiny.config(f"num_vocab_tiling={num_tiles}")
     model, _ = tiny.model(config)  # the same parameters as the untiled model's
-    settings = dataclasses.replace(MULTI_DIGIT, number_loss=tiny.SQUARED_DISTANCE)
+    number_loss = tiny.SQUARED_DISTANCE
+    if across_positions is not None:
+        number_loss = dataclasses.replace(number_loss, across_positions=across_positions)
+    settings = dataclasses.replace(MULTI_DIGIT, number_loss=number_loss)
     with jax.set_mesh(mesh):
         loss, aux, _, traced = _installed_loss(settings, model, config, data)
         expected, count = _squared_distance_reference(untiled_model, data, numbers)
-    assert bool(traced.in_tiles) == (num_tiles == 2)
+    assert bool(traced.in_tiles) == in_tiles
     assert float(aux["ntl_weight_sum"]) == count >= 10
     metrics = ntl_metrics(aux, "learning", settings.weight)
     np.testing.assert_allclose(float(metrics["learning/ntl"]), expected, rtol=1e-5)

@@ -63,13 +63,14 @@ class NumberLoss:
 
     What an integration may know of a loss is here: `name` and `spec`; `label`, the name
     runs and tables show (`name` when None); `across_positions`, whether its loss at a
-    position reads other positions' targets; `default_weight`, λ when none is given;
-    `combine`, how its term joins CE (`COMBINES`); `with_label_width(sigma)`, the loss
-    against GCE's label of width sigma, where it has one (else None). The rest:
-    `reference(z, target, number_tokens)`, the formula on the number columns (the tests'
-    oracle); `ceiling(number_tokens)`, its largest value, for `reweigh` (ntloss's
-    `loss * m + 1.01 * ceiling * (1 - m)`); `params`, its constructor's arguments off
-    their defaults; `check_table(number_tokens)`, raising for a table it cannot score.
+    position may read other positions' targets (True unless it says not); `default_weight`,
+    λ when none is given; `combine`, how its term joins CE (`COMBINES`);
+    `with_label_width(sigma)`, the loss against GCE's label of width sigma, where it has
+    one (else None). The rest: `reference(z, target, number_tokens)`, the formula on the
+    number columns (the tests' oracle); `ceiling(number_tokens)`, its largest value, for
+    `reweigh` (ntloss's `loss * m + 1.01 * ceiling * (1 - m)`); `params`, its
+    constructor's arguments off their defaults; `check_table(number_tokens)`, raising for
+    a table it cannot score.
     """
 
     name: str
@@ -81,7 +82,7 @@ class NumberLoss:
     params: tuple = ()
     check_table: Callable | None = None
     label: str | None = None
-    across_positions: bool = False
+    across_positions: bool = True  # what no integration may assume away unless told
     default_weight: float = DEFAULT_WEIGHT
     combine: str = "add"
     with_label_width: Callable | None = dataclasses.field(default=None, repr=False)
@@ -293,7 +294,8 @@ def _was(squash_factor, reweigh) -> NumberLoss:
 
     return NumberLoss("was", NumberReads(means=(distance,)), loss, reference, ceiling, reweigh,
                       _off_default(squash_factor=(squash_factor, None)),
-                      check_squashable if squash_factor is not None else None, label="ntl-was")
+                      check_squashable if squash_factor is not None else None, label="ntl-was",
+                      across_positions=False)
 
 
 # -- NTL-MSE / MAE / Huber, any loss on the expected value ------------------------------
@@ -363,7 +365,7 @@ def _expected_value(fn: Callable, name: str, reweigh: bool) -> NumberLoss:
     params = (("fn", getattr(fn, "__name__", repr(fn))),) if name == "expected_value_loss" else ()
     label = None if name == "expected_value_loss" else "ntl-" + name
     return NumberLoss(name, NumberReads(means=(expected_value,)), loss, reference, ceiling, reweigh, params,
-                      label=label)
+                      label=label, across_positions=False)
 
 
 def of_expected_value(name: str, fn: Callable, **fields) -> NumberLoss:
@@ -397,7 +399,7 @@ def expectation(name: str, fn: Callable, **fields) -> NumberLoss:
         y = jnp.where(target.is_number, target.value, 0.0)[..., None]
         return jnp.sum(_softmax_columns(z) * fn(_values(number_tokens), y), axis=-1), target.is_number
 
-    return NumberLoss(name, NumberReads(means=(at_columns,)), loss, reference, **fields)
+    return NumberLoss(name, NumberReads(means=(at_columns,)), loss, reference, **{"across_positions": False, **fields})
 
 
 # -- The number-level loss: symmetric MAPE on whole numbers -----------------------------
@@ -513,7 +515,7 @@ def _was_cdf(sigma: float, reweigh: bool) -> NumberLoss:
     # scores against GCE's label.
     with_label_width = (lambda width: _was_cdf(float(width), reweigh)) if sigma == 0 else None
     return NumberLoss("was_cdf", reads, loss, reference, ceiling, reweigh, _off_default(sigma=(sigma, 0.0)),
-                      label="ntl-was-cdf", with_label_width=with_label_width)
+                      label="ntl-was-cdf", with_label_width=with_label_width, across_positions=False)
 
 
 # -- DEL, the Digit Entropy Loss (Zheng et al., arXiv 2605.20369) -----------------------
@@ -596,7 +598,7 @@ def _dist2(tau: float) -> NumberLoss:
         return jnp.sum(jnp.exp(log_q) * (log_q - jax.nn.log_softmax(z, axis=-1)), axis=-1), target.is_number
 
     return NumberLoss("dist2", NumberReads(sums=(label,)), loss, reference, params=_off_default(tau=(tau, 1.0)),
-                      default_weight=0.1)  # the authors' weight
+                      default_weight=0.1, across_positions=False)  # the authors' weight
 
 
 # -- SMMD, Smooth MMD (arXiv 2606.27731; code Zuozhuo/smmd-loss) -----------------------
@@ -716,7 +718,7 @@ def _smmd(mode: str, sigma: float, alpha: float | None, squash_factor: float) ->
     # The authors' module adds the loss unweighted.
     return NumberLoss("smmd", NumberReads(columns=True), loss, reference, params=params,
                       check_table=lambda number_tokens: smmd_kernel(number_tokens, sigma, squash_factor),
-                      default_weight=1.0)
+                      default_weight=1.0, across_positions=False)
 
 
 # -- NTIL (Fei et al., "Advancing Sequential Numerical Prediction in Autoregressive
