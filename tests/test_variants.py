@@ -56,12 +56,17 @@ def inputs(nt, seed, scale=3.0):
     return jnp.asarray(logits, jnp.float32), jnp.asarray(targets, jnp.int32), jnp.asarray(weights, jnp.float32)
 
 
-def reference_sum(number_loss, logits, targets, weights, nt):
-    """`sum(weight * reference)` over the counted positions, the reference taking the
-    number columns of the logits (ignored positions zeroed, as the losses read them)."""
+def reference_per_position(number_loss, logits, targets, weights, nt):
+    """`(loss, counted)` of the reference, each `[batch, length]`, taking the number
+    columns of the logits (ignored positions zeroed, as the losses read them)."""
     target = number_target(targets, weights, logits.shape[-1], nt)
     z = jnp.where(target.keep[..., None], jnp.take(logits, jnp.asarray(nt.ids), axis=-1), 0.0)
-    loss, counted = number_loss.reference(z, target, nt)
+    return number_loss.reference(z, target, nt)
+
+
+def reference_sum(number_loss, logits, targets, weights, nt):
+    """`sum(weight * reference)` over the counted positions."""
+    loss, counted = reference_per_position(number_loss, logits, targets, weights, nt)
     return jnp.sum(jnp.where(counted, loss * weights, 0.0))
 
 
@@ -118,9 +123,7 @@ def test_a_loss_reads_other_positions_exactly_when_it_says_so(number_loss):
     ended = targets.at[0, 8].set(PIECES.index("</s>"))  # ... ended after its third digit
 
     def per_position(t):
-        target = number_target(t, weights, logits.shape[-1], DIGITS)
-        z = jnp.where(target.keep[..., None], jnp.take(logits, jnp.asarray(DIGITS.ids), axis=-1), 0.0)
-        loss, counted = number_loss.reference(z, target, DIGITS)
+        loss, counted = reference_per_position(number_loss, logits, t, weights, DIGITS)
         return np.asarray(jnp.where(counted, loss, 0.0))
 
     before, after = per_position(targets), per_position(ended)
