@@ -183,7 +183,7 @@ def test_the_removed_weight_flags_name_the_new_form(command, tmp_path, capsys):
 
 # The kept comparisons (evidence/, scripts/keep_runs.py) and the settings they declare.
 KEPT = ("add_or_sub_past_the_plateau", "diabetes_every_loss", "multiplication_past_the_floor")
-KEPT_SINCE_0_3 = ("add_or_sub_ntil", "diabetes_ntil")  # commands in 0.3.0's form already
+KEPT_SINCE_0_3 = ("add_or_sub_ntil", "diabetes_ntil", "multiplication_ntil")  # commands in 0.3.0's form already
 REMOVED = {"--del-weight": "del", "--dist2-weight": "dist2", "--smmd-weight": "smmd"}
 
 
