@@ -124,7 +124,8 @@ ERRORS = [
         logits=jnp.zeros((1, 1, 3)), targets=jnp.array([[1]]), nt=NumberTokens.from_pieces(["a", "0", "1"]),
         number_loss=losses.was(squash_factor=2.0)), ValueError, "at least 3 distinct values for squash_factor"),
     ("squash was_cdf", lambda: objective(number_loss="was_cdf(squash_factor=3.0)"), ValueError,
-     "number loss 'was_cdf' has no parameter 'squash_factor' (it takes ('sigma', 'reweigh'))"),
+     "number loss 'was_cdf' has no parameter 'squash_factor' (it takes ('sigma', 'reweigh'), and every loss "
+     "mean_over)"),
     ("squash was_cdf constructor", lambda: losses.was_cdf(squash_factor=3.0), TypeError,
      "was_cdf() got an unexpected keyword argument 'squash_factor'"),
     ("smmd mode", lambda: objective(number_loss=losses.smmd(mode="both")), ValueError,
@@ -138,7 +139,8 @@ ERRORS = [
     ("smmd sigma traced", lambda: objective(number_loss=losses.smmd(sigma=jnp.float32(2.0))), TypeError,
      "number loss 'smmd': expected sigma to be a Python number, got ArrayImpl"),
     ("smmd option on was", lambda: objective(number_loss="was(sigma=1.0)"), ValueError,
-     "number loss 'was' has no parameter 'sigma' (it takes ('squash_factor', 'reweigh'))"),
+     "number loss 'was' has no parameter 'sigma' (it takes ('squash_factor', 'reweigh'), and every loss "
+     "mean_over)"),
     ("smmd option keyword", lambda: objective(smmd_sigma=1.0), TypeError,
      "cross_entropy_and_ntl() no longer takes smmd_sigma= (ntl_jax 0.3.0); pass "
      "number_loss=ntl_jax.losses.smmd(sigma=...)"),
@@ -250,19 +252,22 @@ def ntl_sum(parts):
     return float(parts["ntl"]) * float(parts["ntl_weight_sum"])
 
 
-def clean_reference(factor, number_loss, **kwargs):
-    """The objective on the kept positions only (the rows cut to their kept prefixes)."""
+def clean_reference(factor, number_loss, logits=LOGITS, **kwargs):
+    """The objective on the kept positions only (the rows cut to their kept prefixes): the
+    number loss's mean over the positions it counts, beside CE as beside CE's mean."""
     total = 0.0
-    sums = {"ce": 0.0, "ntl": 0.0, "z": 0.0, "w": 0.0}
+    sums = {"ce": 0.0, "ntl": 0.0, "z": 0.0, "w": 0.0, "counted": 0.0}
     per_row = []
     for row, n in ((0, 4), (1, 3)):
-        _, parts = objective(logits=LOGITS[row:row + 1, :n], targets=CLEAN_TARGETS[row:row + 1, :n],
+        _, parts = objective(logits=logits[row:row + 1, :n], targets=CLEAN_TARGETS[row:row + 1, :n],
                              number_loss=number_loss, loss_normalizing_factor=None, **kwargs)
         per_row.append((n, parts))
         sums["ce"] += float(parts["cross_entropy"])
         sums["ntl"] += ntl_sum(parts)
         sums["z"] += float(parts["z_loss"])
         sums["w"] += float(parts["weight_sum"])
+        sums["counted"] += float(parts["ntl_weight_sum"])
+    mean = sums["ntl"] / sums["counted"]
     if factor is None:
         divisor = 1.0
     elif factor == "NUM_REAL_TARGET_TOKENS":
@@ -272,11 +277,12 @@ def clean_reference(factor, number_loss, **kwargs):
     elif factor == "AVERAGE_PER_SEQUENCE":
         # Each row's weights divided by its own count; then the factor is 2 rows.
         total_ce = sum((float(p["cross_entropy"]) + float(p["z_loss"])) / n for n, p in per_row)
-        total_ntl = sum(ntl_sum(p) / n for n, p in per_row)
-        return (total_ce + 0.3 * total_ntl) / 2.0
+        per_sequence_mean = (sum(ntl_sum(p) / n for n, p in per_row)
+                             / sum(float(p["ntl_weight_sum"]) / n for n, p in per_row))
+        return total_ce / 2.0 + 0.3 * per_sequence_mean  # the weights' sum (2 rows) over the factor (2)
     else:
         divisor = factor
-    total = (sums["ce"] + sums["z"] + 0.3 * sums["ntl"]) / divisor
+    total = (sums["ce"] + sums["z"] + 0.3 * mean * sums["w"]) / divisor
     return total
 
 
@@ -340,8 +346,7 @@ def test_ignored_positions_contribute_exactly_zero_with_smoothing_and_reweigh(ga
         return objective(logits=l, targets=targets, weights=weights, **options)[0]
 
     clean = LOGITS.astype(dtype)
-    want = sum(float(objective(logits=clean[row:row + 1, :n], targets=CLEAN_TARGETS[row:row + 1, :n],
-                               **options)[0]) for row, n in ((0, 4), (1, 3)))
+    want = clean_reference(None, logits=clean, **options)
     np.testing.assert_allclose(float(fn(logits)), want, rtol=2e-5)
     assert_gradient_ignores_garbage(fn, logits, clean)
 

@@ -83,8 +83,9 @@ def _logsumexp(x):
 def reference(logits, targets, weights, nt, *, sigma, kind, ntl_weight=0.3, reweigh=False, factor=None,
               cdf_sigma=None):
     """`(loss, cross_entropy, ntl, d loss / d logits, ntl_mean)` in float64, position by
-    position: `ntl` the number loss's weighted sum over the factor, `ntl_mean` its
-    weighted mean over the positions it counts.
+    position: `ntl_mean` the number loss's weighted mean over the positions it counts,
+    `ntl` that mean beside the cross-entropy as the paper puts it beside CE's mean over
+    the tokens (the mean x the weights' sum over the factor).
 
     GCE: `-sum_j label_j log softmax(logits)_j`, the entropy not subtracted, the label
     of width `sigma`.
@@ -100,13 +101,14 @@ def reference(logits, targets, weights, nt, *, sigma, kind, ntl_weight=0.3, rewe
     ids = np.asarray(nt.ids)
     v = np.asarray(nt.values, np.float64)[ids]
     order = np.argsort(v, kind="stable")
-    ce = ntl = counted_weight = 0.0
+    ce = ntl = counted_weight = weight_sum = 0.0
     grad = np.zeros_like(logits)
     for b in range(logits.shape[0]):
         for t in range(logits.shape[1]):
             y, w = targets[b, t], weights[b, t]
             if w == 0 or not 0 <= y < vocab:
                 continue
+            weight_sum += w
             row = logits[b, t]
             lse = _logsumexp(row)
             label = _label(nt, y, sigma, vocab)
@@ -128,8 +130,9 @@ def reference(logits, targets, weights, nt, *, sigma, kind, ntl_weight=0.3, rewe
             ntl += w * loss
             counted_weight += w
     divisor = 1.0 if factor is None else factor
-    return ((ce + ntl_weight * ntl) / divisor, ce / divisor, ntl / divisor, grad / divisor,
-            ntl / max(counted_weight, 1e-30))
+    mean = ntl / counted_weight if counted_weight > 0 else 0.0
+    return ((ce + ntl_weight * mean * weight_sum) / divisor, ce / divisor, mean * weight_sum / divisor,
+            grad / divisor, mean)
 
 
 def number_loss(kind, sigma=0.0, reweigh=False):

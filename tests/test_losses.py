@@ -326,7 +326,7 @@ def test_vmap_equals_a_loop(kind):
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"number_loss": "l3"}, ValueError,
          r"expected a number loss in \('was', .*or 'none'\), got 'l3'"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"number_loss": "mse(squash_factor=2.0)"}, ValueError,
-         r"number loss 'mse' has no parameter 'squash_factor' \(it takes \('reweigh',\)\)"),
+         r"number loss 'mse' has no parameter 'squash_factor' \(it takes \('reweigh',\), and every loss mean_over\)"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"number_loss": None}, ValueError,
          "expected number_loss a NumberLoss or a spec of one, got None"),
         (jnp.zeros((2, 3, V)), jnp.zeros((2, 3), int), {"ntl_kind": "l3"}, TypeError,

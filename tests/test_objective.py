@@ -133,11 +133,14 @@ def test_objective_is_ce_plus_weighted_ntl_with_one_factor(factor, kind):
     ce, z, _ = t5x_cross_entropy_numpy(LOGITS, TARGETS, np.asarray(w), 0.1, 1e-4, resolved)
     ntl_sum = float(ntl_jax.number_token_loss(LOGITS, TARGETS, NT, number_loss=kind, weights=w, reduction="sum"))
     ntl_mean = float(ntl_jax.number_token_loss(LOGITS, TARGETS, NT, number_loss=kind, weights=w, reduction="mean"))
-    ntl_term = 0.3 * ntl_sum / (1.0 if resolved is None else float(resolved))
+    divide = 1.0 if resolved is None else float(resolved)
+    # The paper's and ntloss's: λ x NTL's mean over the number targets beside CE's mean
+    # over the tokens; T5X's CE is sum / factor = CE's mean x W / factor, and so the term.
+    ntl_term = 0.3 * ntl_mean * float(np.sum(w)) / divide
     np.testing.assert_allclose(float(parts["cross_entropy"]), ce - z, rtol=2e-5)
     np.testing.assert_allclose(float(parts["z_loss"]), z, rtol=2e-5)
     # "ntl" is the weighted mean over the positions the loss counts, whatever the factor;
-    # "ntl_term" what it adds to the loss, divided by the factor as the cross-entropy is.
+    # "ntl_term" what it adds to the loss, in the paper's ratio to the cross-entropy.
     np.testing.assert_allclose(float(parts["ntl"]), ntl_mean, rtol=1e-5)
     np.testing.assert_allclose(float(parts["ntl"]), ntl_sum / float(parts["ntl_weight_sum"]), rtol=1e-5)
     np.testing.assert_allclose(float(parts["ntl_term"]), ntl_term, rtol=1e-5)
@@ -145,6 +148,13 @@ def test_objective_is_ce_plus_weighted_ntl_with_one_factor(factor, kind):
     np.testing.assert_allclose(float(loss), float(parts["cross_entropy"] + parts["z_loss"] + parts["ntl_term"]),
                                rtol=1e-6)
     assert ntl_sum > 0
+    # ntl_jax 0.4's normalisation, kept reachable: NTL's sum divided by CE's factor.
+    old = ntl_jax.losses.with_mean_over(ntl_jax.losses.parse(kind), "targets")
+    old_loss, old_parts = ntl_jax.cross_entropy_and_ntl(
+        LOGITS, TARGETS, NT, weights=weights, number_loss=old, ntl_weight=0.3, z_loss=1e-4, label_smoothing=0.1,
+        loss_normalizing_factor=factor)
+    np.testing.assert_allclose(float(old_parts["ntl_term"]), 0.3 * ntl_sum / divide, rtol=1e-5)
+    assert float(old_parts["ntl"]) == float(parts["ntl"])
     # Without a number loss the objective is exactly the cross-entropy.
     for none in (None, "none"):
         ce_only, ce_parts = ntl_jax.cross_entropy_and_ntl(

@@ -73,7 +73,8 @@ def test_ntl_is_the_weighted_mean_and_ntl_term_what_it_adds(case):
     was = _was(LOGITS)
     counted = w * IS_NUMBER
     mean = (was * counted).sum() / counted.sum()
-    term = NTL_WEIGHT * (was * counted).sum() / (1.0 if resolved is None else resolved)
+    # The paper's: λ x the mean beside CE's mean over the tokens, CE here sum(w CE) / factor.
+    term = NTL_WEIGHT * mean * w.sum() / (1.0 if resolved is None else resolved)
     # The number positions are (0, 0) and (1, 0): the mean of two numbers, as weighted.
     np.testing.assert_allclose(mean, (w[0, 0] * was[0, 0] + w[1, 0] * was[1, 0]) / (w[0, 0] + w[1, 0]), rtol=1e-12)
     np.testing.assert_allclose(float(parts["ntl"]), mean, rtol=1e-5)

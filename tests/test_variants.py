@@ -451,9 +451,12 @@ def test_objective_and_fused_head(kind):
                                           reduction="sum")
     mean = ntl_jax.number_token_loss(hidden @ kernel, targets, DIGITS, number_loss=kind, weights=weights,
                                      reduction="mean")
-    # Its term: lambda x the sum over the factor; its `ntl` part: the weighted mean.
-    np.testing.assert_allclose(float(parts["ntl_term"]),
-                               0.3 * float(per_token) / float(parts["loss_normalizing_factor"]), rtol=1e-6)
+    # Its term: the loss's own lambda x the weighted mean, beside CE's mean (the factor is
+    # the weights' sum); its `ntl` part: that mean.
+    own = ntl_jax.losses.parse(kind).default_weight
+    assert own == {"del": 0.001, "dist2": 0.1, "smmd": 1.0}[kind]
+    np.testing.assert_allclose(float(parts["loss_normalizing_factor"]), float(parts["weight_sum"]), rtol=1e-7)
+    np.testing.assert_allclose(float(parts["ntl_term"]), own * float(mean), rtol=1e-6)
     np.testing.assert_allclose(float(parts["ntl"]), float(mean), rtol=1e-6)
     np.testing.assert_allclose(float(parts["ntl"]) * float(parts["ntl_weight_sum"]), float(per_token), rtol=1e-6)
     assert float(parts["ntl"]) > 0

@@ -19,6 +19,8 @@ from ntl_jax._core.variants import (
     DEFAULT,
     DEFAULT_WEIGHT,
     LOSSES,
+    MEAN_OVER,
+    MEAN_OVERS,
     NAMES,
     NumberLoss,
     digit_entropy,
@@ -38,6 +40,7 @@ from ntl_jax._core.variants import (
     smmd,
     was,
     was_cdf,
+    with_mean_over,
 )
 
 __all__ = [
@@ -45,6 +48,8 @@ __all__ = [
     "DEFAULT",
     "DEFAULT_WEIGHT",
     "LOSSES",
+    "MEAN_OVER",
+    "MEAN_OVERS",
     "NAMES",
     "Columns",
     "NumberLoss",
@@ -70,4 +75,5 @@ __all__ = [
     "smmd",
     "was",
     "was_cdf",
+    "with_mean_over",
 ]

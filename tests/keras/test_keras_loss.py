@@ -34,16 +34,19 @@ def batch(request):
 
 
 @pytest.mark.parametrize(("reduction", "number_loss"), [
-    *((reduction, "was") for reduction in FACTORS), ("sum_over_batch_size", ntl_jax.losses.smmd(mode="mmd"))])
+    *((reduction, "was") for reduction in FACTORS), ("sum_over_batch_size", ntl_jax.losses.smmd(mode="mmd")),
+    ("sum", "del")])
 def test_the_loss_is_the_objective(batch, reduction, number_loss):
+    """With no λ given on either side: the loss's own, its term normalised as its
+    authors', beside Keras's cross-entropy under each reduction."""
     _, tokenizer, logits, y, sample_weight = batch
     table = ntl_keras.number_tokens(tokenizer)
-    loss = ntl_keras.NumberTokenLoss(tokenizer, number_loss=number_loss, ntl_weight=0.3, reduction=reduction)
+    loss = ntl_keras.NumberTokenLoss(tokenizer, number_loss=number_loss, reduction=reduction)
+    assert loss.ntl_weight == ntl_jax.losses.resolve(number_loss).default_weight
     weights = sample_weight.astype(jnp.float32)
 
     def objective(logits):
         return ntl_jax.cross_entropy_and_ntl(logits, y, table, weights=weights, number_loss=number_loss,
-                                             ntl_weight=0.3,
                                              loss_normalizing_factor=FACTORS[reduction](y, weights))[0]
 
     def keras_loss(logits):

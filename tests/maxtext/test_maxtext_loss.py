@@ -67,8 +67,10 @@ def _loss(loss_fn, model, config, data):
     return loss, aux, grads, steps[0]
 
 
-def _reference(model, config, data, numbers, settings):
-    """`cross_entropy_and_ntl` on the logits MaxText's model computes, its gradients."""
+def _reference(model, config, data, numbers, settings, own_weight=False):
+    """`cross_entropy_and_ntl` on the logits MaxText's model computes, its gradients
+    (`own_weight`: with no λ given, the loss's own)."""
+    weight = {} if own_weight else {"ntl_weight": settings.weight}
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     real = data["targets_segmentation"] != 0
 
@@ -78,7 +80,7 @@ def _reference(model, config, data, numbers, settings):
                        decoder_segment_ids=data["inputs_segmentation"], enable_dropout=False,
                        decoder_target_tokens=data["targets"], decoder_target_mask=data["targets_segmentation"])
         return ntl_jax.cross_entropy_and_ntl(logits, data["targets"], numbers, weights=real,
-                                             number_loss=settings.number_loss, ntl_weight=settings.weight,
+                                             number_loss=settings.number_loss, **weight,
                                              loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
 
     (loss, parts), grads = jax.jit(jax.value_and_grad(objective, has_aux=True))(params)
@@ -93,11 +95,14 @@ def _assert_trees_close(actual, expected, rtol):
 
 @pytest.mark.parametrize("number_loss", LOSSES, ids=_id)
 def test_the_loss_equals_cross_entropy_and_ntl_on_maxtexts_logits(setup, number_loss):
+    """With no `ntl_weight` given, on either side: each loss at its own λ, its term
+    normalised as its authors normalise it."""
     config, model, mesh, numbers, data = setup
-    settings = dataclasses.replace(MULTI_DIGIT, number_loss=number_loss)
+    settings = ntl_maxtext.NumberLossSettings(number_loss=number_loss, digit_level=False)
+    assert settings.weight == settings.number_loss.default_weight
     with jax.set_mesh(mesh):
         loss, aux, grads, traced = _loss(ntl_maxtext.number_loss_fn(train.loss_fn, settings), model, config, data)
-        expected, parts, expected_grads = _reference(model, config, data, numbers, settings)
+        expected, parts, expected_grads = _reference(model, config, data, numbers, settings, own_weight=True)
     assert not traced.in_tiles  # from the hidden states
     assert float(aux["number_targets"]) >= 10  # of the 54 real targets, about a third numbers
     assert float(parts["ntl"]) > 0
@@ -177,8 +182,8 @@ def test_a_loss_of_ones_own_is_its_reference_on_each_route(setup, num_tiles, acr
     assert float(aux["ntl_weight_sum"]) == count >= 10
     metrics = ntl_metrics(aux, "learning", settings.weight)
     np.testing.assert_allclose(float(metrics["learning/ntl"]), expected, rtol=1e-5)
-    np.testing.assert_allclose(float(metrics["learning/ntl_term"]),
-                               0.3 * expected * count / float(aux["total_weights"]), rtol=1e-5)
+    # The paper's: λ x the mean over the number targets, beside the cross-entropy's mean.
+    np.testing.assert_allclose(float(metrics["learning/ntl_term"]), 0.3 * expected, rtol=1e-5)
     cross_entropy = aux["xent_sum"] / aux["total_weights"]
     np.testing.assert_allclose(float(loss), float(cross_entropy + metrics["learning/ntl_term"]), rtol=2e-6)
 
@@ -339,11 +344,11 @@ def test_the_number_tokens_come_from_the_tokenizer_the_config_names(kind, path, 
         ntl_maxtext.number_tokens(_Config(**{**config.__dict__, "tokenizer_path": ""}))
 
 
-@pytest.mark.parametrize("number_loss, term", [
-    ("was", 0.3 * 2.0 / 8.0),  # weight x NTL's sum over the real targets
-    ("ntil", 0.3 * 12.0 / 8.0),  # scaled to CE: weight x CE, whatever NTIL's sum
+@pytest.mark.parametrize("number_loss, term_sum, term", [
+    ("was", 0.3 * 2.0 * 8.0, 0.3 * 2.0),  # weight x NTL's mean (2 / 1), beside CE's mean
+    ("ntil", 0.3 * 12.0, 0.3 * 12.0 / 8.0),  # scaled to CE: weight x CE, whatever NTIL's sum
 ])
-def test_fine_tuning_logs_the_term_each_loss_adds(number_loss, term):
+def test_fine_tuning_logs_the_term_each_loss_adds(number_loss, term_sum, term):
     pytest.importorskip("tunix")
     from types import SimpleNamespace
 
@@ -351,6 +356,11 @@ def test_fine_tuning_logs_the_term_each_loss_adds(number_loss, term):
     aux = {"ntl_sum": jnp.float32(2.0), "ntl_weight_sum": jnp.float32(1.0), "number_targets": jnp.int32(4),
            "total_weights": jnp.float32(8.0), "xent_sum": jnp.float32(12.0)}
     settings = ntl_maxtext.NumberLossSettings(weight=0.3, number_loss=number_loss, digit_level=True)
+    # As the loss function puts it in the aux: the term beside the cross-entropy's sum.
+    made = settings.number_loss.term(aux["xent_sum"], settings.number_loss.normalised(
+        aux["ntl_sum"], aux["ntl_weight_sum"], aux["total_weights"]), settings.weight)
+    np.testing.assert_allclose(float(made), term_sum, rtol=1e-6)
+    aux["ntl_term_sum"] = made
     install._buffer_ntl(buffer, aux, settings)
     [logged], _ = buffer.additional_metrics["ntl_term"]
     np.testing.assert_allclose(float(logged), term, rtol=1e-6)

@@ -6,12 +6,14 @@ topology; a bad or old setting stops the launch with its name."""
 
 import glob
 import json
+import math
 import os
 import pathlib
 import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 pytest.importorskip("maxtext")
@@ -90,10 +92,9 @@ def test_training_logs_ntl_beside_the_cross_entropy(runs):
             assert m["learning/number_targets"] > 0 and m["learning/ntl"] > 0
             # MaxText's lm_loss and perplexity stay the cross-entropy; its loss is what trains.
             assert m["learning/loss"] == pytest.approx(m["learning/lm_loss"] + m["learning/ntl_term"], rel=1e-6)
-            # ntl: NTL-WAS's mean over the number targets it counts; ntl_term: weight x its
-            # sum over the real targets' count, as lm_loss is the cross-entropy's.
-            assert m["learning/ntl_term"] == pytest.approx(
-                weight * m["learning/ntl"] * m["learning/number_targets"] / m["learning/total_weights"], rel=1e-5)
+            # ntl: NTL-WAS's mean over the number targets it counts; ntl_term: weight x that
+            # mean, beside lm_loss (the cross-entropy's mean) as in the paper.
+            assert m["learning/ntl_term"] == pytest.approx(weight * m["learning/ntl"], rel=1e-5)
         assert "ntl: " in log and "number targets" in log and "ntl_term: " in log
         tags = _tensorboard_tags(tmp / name / "tensorboard")
         assert {"learning/ntl", "learning/ntl_term", "learning/lm_loss", "eval/avg_ntl", "eval/avg_loss"} <= tags
@@ -126,19 +127,30 @@ def test_gradient_accumulation_trains_the_step_the_whole_batch_trains(runs):
     whole = [m for m in runs["ntl"][2] if "learning/loss" in m]
     accumulated = [m for m in runs["accumulated"][2] if "learning/loss" in m]
     assert accumulated[0]["learning/total_weights"] == whole[0]["learning/total_weights"]
-    for key in ("learning/loss", "learning/lm_loss", "learning/ntl", "learning/ntl_term", "learning/number_targets"):
-        # MaxText rebuilds its loss from the cross-entropy under accumulation; the launcher adds NTL back.
+    for key in ("learning/lm_loss", "learning/ntl", "learning/number_targets"):
         assert accumulated[0][key] == pytest.approx(whole[0][key], rel=1e-5), key
+    # Each micro-batch's term stands to its own cross-entropy as in the paper, and MaxText
+    # sums them as it sums the cross-entropies: the token-weighted mean of the two
+    # micro-batches' NTL means, against the whole batch's one mean over its number targets.
+    # MaxText rebuilds its loss from the cross-entropy under accumulation; the launcher adds NTL back.
+    assert accumulated[0]["learning/loss"] == pytest.approx(
+        accumulated[0]["learning/lm_loss"] + accumulated[0]["learning/ntl_term"], rel=1e-6)
+    assert accumulated[0]["learning/ntl_term"] == pytest.approx(whole[0]["learning/ntl_term"], rel=0.1)
     # Each micro-batch's gradient computed in bfloat16 (the runs' dtype), summed in float32.
     assert accumulated[0]["learning/raw_grad_norm"] == pytest.approx(whole[0]["learning/raw_grad_norm"], rel=1e-3)
     # After three updates from those gradients.
     assert accumulated[-1]["learning/ntl"] == pytest.approx(whole[-1]["learning/ntl"], rel=1e-3)
 
 
+# The cross-entropy's log-normaliser is a float32 sum over the vocabulary, which the tiles
+# split into other partial sums: rounding errors that grow as the square root of its length.
+VOCAB_SUM_RTOL = math.sqrt(128_256) * float(np.finfo(np.float32).eps)  # 4.3e-5
+
+
 def test_in_vocabulary_tiles_the_step_is_the_untiled_step(runs):
     untiled, tiled = ([m for m in runs[name][2] if "learning/loss" in m] for name in ("accumulated", "tiled"))
     for key in ("learning/loss", "learning/lm_loss", "learning/number_targets"):
-        assert tiled[0][key] == pytest.approx(untiled[0][key], rel=1e-5), key
+        assert tiled[0][key] == pytest.approx(untiled[0][key], rel=VOCAB_SUM_RTOL), key
     # The number tokens' logits in bfloat16 (the runs' dtype), read from a tile's logits or
     # computed as their columns alone: a matmul of another shape, a rounding apart.
     assert tiled[0]["learning/ntl"] == pytest.approx(untiled[0]["learning/ntl"], rel=1e-3)

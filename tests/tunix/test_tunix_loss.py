@@ -49,18 +49,19 @@ def _logits(model, inputs):
                          ids=lambda v: v.name if isinstance(v, losses.NumberLoss) else None)
 def test_the_loss_is_the_objective_on_the_next_token_logits(family, number_loss):
     model, inputs = LINEAR_HEADS[family](), batch()
-    loss, parts = ntl_tunix.number_token_loss_fn(NUMBERS, ntl_weight=0.3, number_loss=number_loss)(model, **inputs)
+    # No λ on either side: the loss's own (DEL 0.001, SMMD 1, the others 0.3).
+    loss, parts = ntl_tunix.number_token_loss_fn(NUMBERS, number_loss=number_loss)(model, **inputs)
     logits = _logits(model, inputs)
     expected, expected_parts = ntl_jax.cross_entropy_and_ntl(
         logits[:, :-1], inputs["input_tokens"][:, 1:], NUMBERS, weights=inputs["input_mask"][:, 1:],
-        number_loss=number_loss, ntl_weight=0.3, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+        number_loss=number_loss, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
     assert float(parts["ntl"]) > 0.01
     for name in ("ntl", "ntl_term", "ntl_weight_sum"):
         np.testing.assert_allclose(parts[name], expected_parts[name], rtol=1e-6, err_msg=name)
-    # `ntl` is the mean over the counted number targets, `ntl_term` its weighted share of the loss.
-    np.testing.assert_allclose(parts["ntl_term"], 0.3 * parts["ntl"] * parts["ntl_weight_sum"] / parts["weight_sum"],
-                               rtol=1e-5)
+    # `ntl` is the mean over the counted number targets, `ntl_term` λ x it, beside CE's mean.
+    own = losses.resolve(number_loss).default_weight
+    np.testing.assert_allclose(parts["ntl_term"], own * parts["ntl"], rtol=1e-5)
     np.testing.assert_allclose(loss, parts["cross_entropy"] + parts["ntl_term"], rtol=1e-6)
     # The mask's targets only: the answer of each row, without the padding.
     assert float(parts["weight_sum"]) == float(jnp.sum(inputs["input_mask"][:, 1:]))

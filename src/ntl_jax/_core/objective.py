@@ -29,7 +29,7 @@ def cross_entropy_and_ntl(
     *,
     weights: ArrayLike | None = None,
     number_loss: NumberLoss | str | None = DEFAULT,
-    ntl_weight: float = 0.3,
+    ntl_weight: float | None = None,
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     gce_sigma: float = 0.0,
@@ -37,8 +37,13 @@ def cross_entropy_and_ntl(
     decoder_segment_ids=None,
     decoder_positions=None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The paper's objective `CE + ntl_weight * NTL`, both terms summed under the same
-    weights and divided by the same resolved loss-normalising factor (T5X's).
+    """`CE + ntl_weight * term`, the number loss's term normalised as its authors
+    normalise it (`NumberLoss.mean_over`): for NTL (the paper's objective, ntloss's),
+    DEL, DIST² and SMMD, the loss's weighted mean over the positions it counts beside
+    CE's weighted mean over the target tokens. CE is T5X's: a weighted sum over the
+    tokens divided by the resolved loss-normalising factor; the term is put beside it in
+    the same ratio, `ntl_weight * mean * weight_sum / factor` (docs/guides/losses.md,
+    "What the objective computes").
 
     Args:
       logits: `[batch, length, vocab]` floating (`vocab` may exceed the table).
@@ -47,7 +52,8 @@ def cross_entropy_and_ntl(
       weights: `[batch, length]`, e.g. `targets > 0`. None: every target counts, pads
         too, unless `loss_normalizing_factor` is a special one (then `targets > 0`).
       number_loss: a `ntl_jax.losses` value, a spec (`"was"`, `"smmd(mode=mmd)"`), or None.
-      ntl_weight: lambda, 0.3 in the paper.
+      ntl_weight: lambda; None: the loss's own (`NumberLoss.default_weight`: 0.3 for
+        NTL, the paper's).
       label_smoothing, z_loss: T5X's; gce_sigma: the Gaussian label's width (GCE).
       loss_normalizing_factor: None, a number or a special factor's name.
       decoder_segment_ids, decoder_positions: for packed batches.
@@ -83,7 +89,7 @@ def fused_cross_entropy_and_ntl(
     *,
     weights: ArrayLike | None = None,
     number_loss: NumberLoss | str | None = DEFAULT,
-    ntl_weight: float = 0.3,
+    ntl_weight: float | None = None,
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     gce_sigma: float = 0.0,
@@ -189,10 +195,12 @@ def objective_from_head(run: pipeline.Pass, number_tokens: NumberTokens, options
         counted_weights = jnp.where(counted, weights, 0.0)
         ntl_sum = jnp.sum(jnp.where(counted, per_position, 0.0) * counted_weights)
         ntl_weight_sum = jnp.sum(counted_weights)
-    normalised = ntl_sum if factor is None else ntl_sum / factor
-    # A term scaled to the cross-entropy is scaled to it without the z-loss.
-    ntl_term = 0.0 if options.number_loss is None else options.number_loss.term(ce - z, normalised,
-                                                                                 options.ntl_weight)
+    if options.number_loss is None:
+        ntl_term = 0.0
+    else:
+        normalised = options.number_loss.normalised(ntl_sum, ntl_weight_sum, weight_sum, factor)
+        # A term scaled to the cross-entropy is scaled to it without the z-loss.
+        ntl_term = options.number_loss.term(ce - z, normalised, options.ntl_weight)
     loss = ce + ntl_term
     parts = {
         "loss": loss,

@@ -22,20 +22,22 @@ class Options:
     - `number_loss`: a `variants.NumberLoss`, a spec string (`"was"`,
       `"smmd(sigma=2)"`), or None / `"none"` (cross-entropy alone, no number loss
       computed); held resolved;
-    - `ntl_weight`: lambda, the number loss's weight (>= 0);
+    - `ntl_weight`: lambda, the number loss's weight (>= 0); None: the loss's own
+      (`NumberLoss.default_weight`), held resolved;
     - `label_smoothing`, `z_loss`: T5X's cross-entropy options;
     - `gce_sigma`: the cross-entropy's Gaussian label's width (0: none), exclusive with
       `label_smoothing`. It changes the cross-entropy only.
     """
 
     number_loss: Any = DEFAULT
-    ntl_weight: float = 0.3
+    ntl_weight: float | None = None
     label_smoothing: float = 0.0
     z_loss: float = 0.0
     gce_sigma: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "number_loss", variants.resolve(self.number_loss))
+        object.__setattr__(self, "ntl_weight", variants.weight_of(self.number_loss, self.ntl_weight))
         checks.check_real("ntl_weight", self.ntl_weight, low=0.0)
         checks.check_real("label_smoothing", self.label_smoothing, low=0.0, high=1.0)
         checks.check_real("z_loss", self.z_loss, low=0.0)

@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
-from ntl_jax._core import checks, cross_entropy, normalization
+from ntl_jax._core import checks, cross_entropy, normalization, number_stats
 from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.number_stats import NumberReads, expected_value
 from ntl_jax._core.number_tokens import NumberTokens
@@ -71,3 +72,18 @@ def run(head_of: Callable[[NumberTarget, NumberReads | None, bool], HeadStats], 
 def number_loss_at(head: HeadStats, target: NumberTarget, number_tokens: NumberTokens, number_loss: NumberLoss):
     """`(loss, counted)` `[batch, length]` of the number loss from the head's statistics."""
     return number_loss.at(head.numbers, target, number_tokens, head.masses)
+
+
+def counted_weight(targets, weights, number_tokens: NumberTokens, number_loss: NumberLoss) -> jax.Array:
+    """The weight of the positions `number_loss` counts (`weights` `[batch, length]`):
+    what its mean divides by, `cross_entropy_and_ntl`'s `ntl_weight_sum`. Read from the
+    targets alone, with stand-in logits: the positions a loss counts are its targets'
+    (the number targets, or each number's first token), never its predictions'."""
+    def head_of(target, reads, with_masses):
+        stand_in = jnp.zeros(target.keep.shape + (number_tokens.num_numbers,), jnp.float32)
+        return HeadStats(None, None, None, number_stats.from_columns(stand_in, target, number_tokens, reads), None)
+
+    run_ = run(head_of, targets, jnp.asarray(weights, jnp.float32), number_tokens.vocab_size, number_tokens,
+               number_loss)
+    _, counted = number_loss_at(run_.head, run_.target, number_tokens, number_loss)
+    return jnp.sum(jnp.where(counted, run_.weights, 0.0))

@@ -46,6 +46,13 @@ _STATIC_PERMUTATION_MAX = 64
 # `weight * loss`; "scale_to_ce" adds `weight * stop_gradient(CE / loss) * loss`, whose
 # value is `weight * CE` and whose gradient is the loss's, rescaled (NTIL's rule).
 COMBINES = ("add", "scale_to_ce")
+# How a number loss's weighted sum over the positions it counts is normalised into its
+# term (`NumberLoss.mean_over`): "counted", its weighted mean over those positions, put
+# beside the cross-entropy as the authors put it beside CE's mean over the target tokens
+# (the paper's and ntloss's, DEL's, DIST²'s, SMMD's); "targets", the sum divided by the
+# cross-entropy's own normalising factor, as ntl_jax 0.4 and before did (the first times
+# D/T, the share of counted targets among the target tokens).
+MEAN_OVERS = ("counted", "targets")
 # The weight λ in CE + λ·loss when none is given: the paper's.
 DEFAULT_WEIGHT = 0.3
 # The number loss an entry point takes when none is named: the paper's NTL-WAS.
@@ -65,8 +72,9 @@ class NumberLoss:
     runs and tables show (`name` when None); `across_positions`, whether its loss at a
     position may read other positions' targets (True unless it says not); `default_weight`,
     λ when none is given; `combine`, how its term joins CE (`COMBINES`);
-    `with_label_width(sigma)`, the loss against GCE's label of width sigma, where it has
-    one (else None). The rest: `reference(z, target, number_tokens)`, the formula on the
+    `mean_over`, how its sum over the positions it counts is normalised (`MEAN_OVERS`,
+    `normalised`); `with_label_width(sigma)`, the loss against GCE's label of width
+    sigma, where it has one (else None). The rest: `reference(z, target, number_tokens)`, the formula on the
     number columns (the tests' oracle); `ceiling(number_tokens)`, its largest value, for
     `reweigh` (ntloss's `loss * m + 1.01 * ceiling * (1 - m)`); `params`, its
     constructor's arguments off their defaults; `check_table(number_tokens)`, raising for
@@ -85,6 +93,7 @@ class NumberLoss:
     across_positions: bool = True  # what no integration may assume away unless told
     default_weight: float = DEFAULT_WEIGHT
     combine: str = "add"
+    mean_over: str = "counted"
     with_label_width: Callable | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
@@ -99,6 +108,7 @@ class NumberLoss:
         _check_bool(self.name, "across_positions", self.across_positions)
         _check_number(self.name, "default_weight", self.default_weight, low=0.0)
         _check_choice(self.name, "combine", self.combine, COMBINES)
+        _check_choice(self.name, "mean_over", self.mean_over, MEAN_OVERS)
         if self.reweigh and self.ceiling is None:
             raise ValueError(f"number loss {self.name!r}: expected reweigh=False (the loss has no largest value to "
                              "charge for probability off the number tokens), got reweigh=True")
@@ -120,14 +130,19 @@ class NumberLoss:
                              "name it once with ntl_jax.losses.register(loss)")
         return text
 
-    def _text(self, name: str | None = None) -> str:
+    def _text(self, name: str | None = None, without: tuple = ()) -> str:
         args = self.params + ((("reweigh", True),) if self.reweigh else ())
-        return _spec_text(name or self.name, args)
+        return _spec_text(name or self.name, tuple(arg for arg in args if arg[0] not in without))
 
     @property
     def shown(self) -> str:
         """The loss as runs and tables name it: `label` (else `name`) and its parameters."""
         return self._text(self.label)
+
+    def shown_without(self, *params: str) -> str:
+        """`shown` without the parameters `params` (`"mean_over"`: as runs of ntl_jax 0.4,
+        which had no such parameter, named the loss)."""
+        return self._text(self.label, params)
 
     @property
     def needs_masses(self) -> bool:
@@ -143,10 +158,26 @@ class NumberLoss:
             loss = apply_reweigh(loss, masses, self, number_tokens)
         return loss, counted
 
+    def normalised(self, ntl_sum, ntl_weight_sum, weight_sum, factor=None):
+        """The loss normalised as a cross-entropy `ce = sum(weights * CE) / factor` is
+        (`factor` None: 1), from its weighted sum `ntl_sum` over the positions it counts,
+        their weight `ntl_weight_sum`, and the cross-entropy's weight `weight_sum`.
+
+        `mean_over="counted"`: its mean `ntl_sum / ntl_weight_sum` (0 where nothing is
+        counted) times `weight_sum / factor`, so that it stands to `ce` as the mean to
+        CE's mean over the target tokens, under any factor (1 where `factor` is
+        `weight_sum`). `"targets"`: `ntl_sum / factor`."""
+        factor = 1.0 if factor is None else factor
+        if self.mean_over == "targets":
+            return ntl_sum / factor
+        counted = ntl_weight_sum > 0
+        mean = jnp.where(counted, ntl_sum / jnp.where(counted, ntl_weight_sum, 1.0), 0.0)
+        return mean * (weight_sum / factor)
+
     def term(self, ce, loss, weight):
         """What the loss adds to the cross-entropy `ce`: `weight * loss`, or with
         `combine="scale_to_ce"` `weight * stop_gradient(ce / loss) * loss` (0 where the
-        loss is 0), `loss` the number loss normalised as `ce` is."""
+        loss is 0), `loss` the number loss normalised as `ce` is (`normalised`)."""
         if self.combine == "add":
             return weight * loss
         scale = jax.lax.stop_gradient(jnp.where(loss != 0, ce / jnp.where(loss != 0, loss, 1.0), 0.0))
@@ -988,17 +1019,42 @@ def parse(spec: str) -> NumberLoss:
         key = key.strip()
         if not equals or not key.isidentifier():
             raise ValueError(f"number loss {name!r}: expected param=value in the spec {spec!r}, got {item.strip()!r}")
-        if key not in parameters(name):
-            raise ValueError(f"number loss {name!r} has no parameter {key!r} (it takes {parameters(name)}); "
-                             f"in the spec {spec!r}")
+        if key not in parameters(name) and key != MEAN_OVER:
+            raise ValueError(f"number loss {name!r} has no parameter {key!r} (it takes {parameters(name)}, and "
+                             f"every loss {MEAN_OVER}); in the spec {spec!r}")
         if key in kwargs:
             raise ValueError(f"number loss {name!r}: expected each parameter once in the spec {spec!r}, got {key!r} "
                              "twice")
         kwargs[key] = _parse_value(value)
+    mean_over = kwargs.pop(MEAN_OVER, None)
     try:
-        return _constructor(name)(**kwargs)
+        loss = _constructor(name)(**kwargs)
     except TypeError as error:  # a value of the wrong kind ("reweigh=yes"): in a string, a bad value
         raise ValueError(f"{error}; in the spec {spec!r}") from None
+    if mean_over is None:
+        return loss
+    try:
+        return with_mean_over(loss, mean_over)
+    except ValueError as error:
+        raise ValueError(f"{error}; in the spec {spec!r}") from None
+
+
+# The parameter every loss's spec takes: how its term is normalised (`NumberLoss.mean_over`).
+MEAN_OVER = "mean_over"
+
+
+def with_mean_over(loss: NumberLoss, mean_over: str) -> NumberLoss:
+    """`loss` with its sum over the positions it counts normalised as `mean_over` says
+    (`MEAN_OVERS`); its spec then says so (`"was(mean_over=targets)"`, ntl_jax 0.4's
+    normalisation of NTL-WAS). The same value for the same arguments."""
+    _check_choice(loss.name, MEAN_OVER, mean_over, MEAN_OVERS)
+    return loss if mean_over == loss.mean_over else _with_mean_over(loss, mean_over)
+
+
+@functools.lru_cache(maxsize=None)
+def _with_mean_over(loss: NumberLoss, mean_over: str) -> NumberLoss:
+    params = tuple(item for item in loss.params if item[0] != MEAN_OVER) + ((MEAN_OVER, mean_over),)
+    return dataclasses.replace(loss, mean_over=mean_over, params=params)
 
 
 def resolve(number_loss: NumberLoss | str | None, name: str = "number_loss") -> NumberLoss | None:
@@ -1013,3 +1069,11 @@ def resolve(number_loss: NumberLoss | str | None, name: str = "number_loss") -> 
                         "on the expected value is ntl_jax.losses.expected_value_loss(fn)")
     raise TypeError(f"expected {name} a NumberLoss (ntl_jax.losses), {_EXAMPLE}, or None; "
                     f"got {type(number_loss).__name__} {number_loss!r}")
+
+
+def weight_of(number_loss: NumberLoss | None, ntl_weight: float | None) -> float:
+    """λ for `number_loss`: `ntl_weight` as given, or where None the loss's own
+    (`NumberLoss.default_weight`; `DEFAULT_WEIGHT` without a loss)."""
+    if ntl_weight is not None:
+        return ntl_weight
+    return DEFAULT_WEIGHT if number_loss is None else number_loss.default_weight

@@ -14,8 +14,9 @@ loss-normalising factor:
 | `"sum"` | None | 1 |
 
 So with `ntl_weight=0` it is Keras's `SparseCategoricalCrossentropy(from_logits=True)`
-under the same reduction, and NTL's sum over the number targets goes through the same
-divisor (the objective's rule). `reduction=None`/`"none"` is refused: the number-level
+under the same reduction, and the number loss's term stands to that cross-entropy as its
+authors' term stands to CE's mean over the tokens (the objective's rule: `ntl_weight` x
+the loss's mean over the positions it counts x the weights' sum / the divisor). `reduction=None`/`"none"` is refused: the number-level
 losses read whole numbers across positions, so the loss has no per-token form.
 """
 
@@ -63,7 +64,10 @@ class NumberTokenLoss(keras.losses.Loss):
         (`ntl_jax.keras.number_tokens`).
       number_loss: a `ntl_jax.losses` value (yours too), a spec string (`"was"`,
         `"smmd(sigma=2, mode=smooth)"`), or None for cross-entropy alone.
-      ntl_weight: lambda; 0 leaves Keras's sparse categorical cross-entropy.
+      ntl_weight: lambda; None: the loss's own (`NumberLoss.default_weight`); 0 leaves
+        Keras's sparse categorical cross-entropy. The number loss's term is normalised
+        as its authors normalise it, beside the cross-entropy under every reduction
+        (`NumberLoss.normalised`).
       label_smoothing, z_loss, gce_sigma: the objective's (T5X's label smoothing and
         z-loss, the Gaussian label's width); 0 by default.
       ignore_class: a label id that counts for nothing (Keras's `ignore_class`), or None.
@@ -76,7 +80,8 @@ class NumberTokenLoss(keras.losses.Loss):
     once, traced ones (inside `fit`'s jitted step) when the step runs.
     """
 
-    def __init__(self, number_tokens: Any, *, number_loss: NumberLoss | str | None = DEFAULT, ntl_weight: float = 0.3,
+    def __init__(self, number_tokens: Any, *, number_loss: NumberLoss | str | None = DEFAULT,
+                 ntl_weight: float | None = None,
                  label_smoothing: float = 0.0, z_loss: float = 0.0, gce_sigma: float = 0.0,
                  ignore_class: int | None = None, reduction: str = "sum_over_batch_size",
                  name: str = "number_token_loss", dtype=None):
@@ -90,6 +95,7 @@ class NumberTokenLoss(keras.losses.Loss):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
         self.number_tokens = resolve_number_tokens(number_tokens)
         self.number_loss = variants.resolve(number_loss)  # a bad spec fails here, not in fit
+        ntl_weight = variants.weight_of(self.number_loss, ntl_weight)
         check_real("ntl_weight", ntl_weight, low=0.0)
         if ignore_class is not None and (isinstance(ignore_class, bool) or not isinstance(ignore_class, int)):
             raise TypeError(f"expected ignore_class an int or None, got {ignore_class!r}")

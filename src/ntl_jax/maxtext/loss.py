@@ -18,9 +18,12 @@ gradient into the head's.
 
 The hidden states are the input of the decoder's `apply_output_head` (caught while
 MaxText's `loss_fn` runs), or under vocabulary tiling the `hidden_states` the decoder
-sows. NTL is masked and normalised as MaxText's cross-entropy: positions with
-`targets_segmentation != 0`, divided by their count (not under MaxText's own gradient
-accumulation, which divides the summed gradient). MaxText's `xent_sum`, and so its
+sows. NTL is masked as MaxText's cross-entropy (positions with `targets_segmentation !=
+0`) and normalised as its authors normalise it (`NumberLoss.normalised`: for NTL its mean
+over the number targets, times the real targets' count over MaxText's divisor, so that it
+stands to MaxText's CE as the paper's term to its CE mean; under MaxText's own gradient
+accumulation, which sums each micro-batch's loss and divides the summed gradient, each
+micro-batch's term stands so to its cross-entropy sum). MaxText's `xent_sum`, and so its
 `lm_loss`, perplexity and evaluation loss, stay cross-entropy only; its `learning/loss`
 is the objective trained on. `number_train_step` and `number_eval_step` trace MaxText's
 steps each in a `step.step` and add `learning/ntl` (NTL's mean over the positions it
@@ -37,8 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ntl_jax._core import number_stats, pipeline
-from ntl_jax._core.head_stats import HeadStats
+from ntl_jax._core import pipeline
 from ntl_jax._core.losses import ntl_from_number_logits
 from ntl_jax._core.objective import ntl_mean
 from ntl_jax.maxtext import step
@@ -49,6 +51,9 @@ from ntl_jax.maxtext.tokens import number_tokens
 NTL_SUM = "ntl_sum"  # the number loss summed over the positions it counts
 NTL_WEIGHT_SUM = "ntl_weight_sum"  # how many positions it counts: NTL's mean is NTL_SUM / NTL_WEIGHT_SUM
 NUMBER_TARGETS = "number_targets"  # how many real targets are number tokens
+# What the number loss adds to the loss on the scale of MaxText's cross-entropy sum (its
+# `xent_sum`): summed over micro-batches, each one's term in its authors' ratio to its CE.
+NTL_TERM_SUM = "ntl_term_sum"
 
 
 class LossAux(dict):
@@ -141,20 +146,6 @@ def number_logits(model, config, hidden, ids, deterministic) -> jax.Array:
     return local.logits_from_hidden_states_for_vocab_tiling(hidden, deterministic, "train")
 
 
-def counted_weight(targets, weights, numbers, number_loss) -> jax.Array:
-    """The weight of the positions `number_loss` counts (`weights` `[batch, length]`):
-    what its mean divides by, as `cross_entropy_and_ntl`'s `ntl_weight_sum`. Read from
-    the targets with stand-in logits, as inside the tiles: the positions a loss counts are
-    its targets' (the number targets, or each number's first token)."""
-    def head_of(target, reads, with_masses):
-        stand_in = jnp.zeros(target.keep.shape + (numbers.num_numbers,), jnp.float32)
-        return HeadStats(None, None, None, number_stats.from_columns(stand_in, target, numbers, reads), None)
-
-    run = pipeline.run(head_of, targets, jnp.asarray(weights, jnp.float32), numbers.vocab_size, numbers, number_loss)
-    _, counted = pipeline.number_loss_at(run.head, run.target, numbers, number_loss)
-    return jnp.sum(jnp.where(counted, run.weights, 0.0))
-
-
 def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
     """MaxText's `loss_fn` with `settings.weight` x NTL added to its loss, and the aux
     holding `ntl_sum` (NTL summed over the real targets), `ntl_weight_sum` (how many of
@@ -190,16 +181,19 @@ def number_loss_fn(stock_loss_fn, settings: NumberLossSettings):
             hidden, deterministic = _final_hidden(seen, aux, config, is_train)
             columns = number_logits(model, config, hidden, numbers.ids, deterministic)
             ntl_sum = jnp.sum(ntl_from_number_logits(columns, targets, numbers, number_loss=number_loss, weights=real))
+        counted = pipeline.counted_weight(targets, real, numbers, number_loss)
+        # The term beside MaxText's cross-entropy sum, as the loss's authors put it beside
+        # CE's mean over the tokens (a term scaled to CE is scaled to its cross-entropy).
+        term_sum = number_loss.term(aux["xent_sum"], number_loss.normalised(ntl_sum, counted, aux["total_weights"]),
+                                    settings.weight)
         manual_accumulation = config.gradient_accumulation_steps > 1 and not config.use_tunix_gradient_accumulation
         if settings.weight > 0:
-            # The normalisation of MaxText's own cross-entropy term (a term scaled to CE
-            # is scaled to its cross-entropy, normalised alike).
+            # Normalised as MaxText normalises its cross-entropy.
             normalizer = 1.0 if manual_accumulation else aux["total_weights"] + EPS
-            loss = loss + number_loss.term(aux["xent_sum"] / normalizer, ntl_sum / normalizer, settings.weight)
+            loss = loss + term_sum / normalizer
         is_number = jnp.any(targets[..., None] == jnp.asarray(numbers.ids), axis=-1) & real
-        return loss, _publish(LossAux(aux, **{NTL_SUM: ntl_sum,
-                                              NTL_WEIGHT_SUM: counted_weight(targets, real, numbers, number_loss),
-                                              NUMBER_TARGETS: jnp.sum(is_number)}))
+        return loss, _publish(LossAux(aux, **{NTL_SUM: ntl_sum, NTL_WEIGHT_SUM: counted,
+                                              NUMBER_TARGETS: jnp.sum(is_number), NTL_TERM_SUM: term_sum}))
 
     return loss_fn
 
@@ -215,14 +209,14 @@ def ntl_metrics(aux, prefix: str, weight: float, number_loss=None) -> dict:
 
 
 def ntl_term(aux, weight, number_loss):
-    """What `weight` x the number loss adds to the loss, normalised as MaxText's
-    cross-entropy (`NumberLoss.term`; `weight` x NTL's sum over the real targets' count)."""
+    """What `weight` x the number loss adds to the loss, beside MaxText's cross-entropy
+    as the loss's authors put it beside CE's mean over the tokens (`NumberLoss.normalised`
+    and `term`; for NTL `weight` x its mean over the positions it counts; under gradient
+    accumulation the micro-batches' terms, each beside its own cross-entropy, summed as
+    MaxText sums their cross-entropies), divided as MaxText divides its `lm_loss`."""
     from maxtext.utils.globals import EPS
 
-    count = aux["total_weights"] + EPS
-    if number_loss is None:
-        return weight * aux[NTL_SUM] / count
-    return number_loss.term(aux["xent_sum"] / count, aux[NTL_SUM] / count, weight)
+    return aux[NTL_TERM_SUM] / (aux["total_weights"] + EPS)
 
 
 def number_train_step(stock_train_step, settings: NumberLossSettings):

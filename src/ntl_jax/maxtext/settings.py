@@ -22,8 +22,9 @@ class NumberLossSettings:
     """What `ntl_*` keys set: the objective is MaxText's cross-entropy plus
     `weight` x the number loss `number_loss`.
 
-    - `weight` (`ntl_weight`): lambda, 0.3 in the paper; 0 trains on MaxText's own loss
-      and still logs NTL;
+    - `weight` (`ntl_weight`): lambda; not given (None), the loss's own
+      (`NumberLoss.default_weight`: 0.3 for NTL, the paper's); 0 trains on MaxText's own
+      loss and still logs NTL. Held resolved;
     - `number_loss` (`ntl_number_loss`): the loss as `ntl_jax.cross_entropy_and_ntl`'s
       `number_loss` takes it: a spec (`"was"`, the paper's default; `"smmd(sigma=2,
       mode=smooth)"`), read by `ntl_jax.losses.parse`; from Python a `NumberLoss`, one of
@@ -33,20 +34,21 @@ class NumberLossSettings:
       which of the tokenizer's tokens are numbers, as in `NumberTokens.from_tokenizer`.
     """
 
-    weight: float = 0.3
+    weight: float | None = None
     number_loss: variants.NumberLoss | str | None = DEFAULT
     digit_level: bool = True
     prefixed_numbers: bool = False
 
     def __post_init__(self):
-        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) \
-                or not math.isfinite(self.weight) or self.weight < 0:
+        if self.weight is not None and (isinstance(self.weight, bool) or not isinstance(self.weight, (int, float))
+                                        or not math.isfinite(self.weight) or self.weight < 0):
             raise ValueError(f"expected ntl_weight to be a finite number >= 0, got {self.weight!r}")
         try:
             number_loss = variants.resolve(self.number_loss, NUMBER_LOSS_KEY)
         except ValueError as error:
             raise ValueError(f"{NUMBER_LOSS_KEY}={self.number_loss!r}: {error}") from None
         object.__setattr__(self, "number_loss", number_loss)
+        object.__setattr__(self, "weight", variants.weight_of(number_loss, self.weight))
         for name in ("digit_level", "prefixed_numbers"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"expected ntl_{name} to be true or false, got {getattr(self, name)!r}")

@@ -5,7 +5,8 @@ computes the cross-entropy tile by tile in a `custom_vjp`: its forward and its b
 pass each compute a tile's `[tokens, vocab]` logits and hand them to
 `max_utils.cross_entropy_with_logits`. Here that call also computes NTL per token from
 the tile's logits. In the backward pass it adds `ntl_weight` x NTL to the
-cross-entropy, so the tiles' own backward pass differentiates CE + NTL and XLA schedules
+cross-entropy (scaled as the loss normalises its term: for NTL the micro-batch's real
+targets over the positions it counts, read from its targets before the tiles run), so the tiles' own backward pass differentiates CE + NTL and XLA schedules
 MaxText's step as it is. (NTL computed beside the tiles, from the hidden states, is the
 same loss, but with unrolled layers XLA then schedules the step to need much more memory:
 docs/guides/maxtext.md.) In the forward pass the cross-entropy stays MaxText's, and the
@@ -42,7 +43,7 @@ import types
 import jax
 import jax.numpy as jnp
 
-from ntl_jax._core import variants
+from ntl_jax._core import pipeline, variants
 from ntl_jax._core.losses import number_token_loss
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax.maxtext import step
@@ -55,7 +56,10 @@ class Tiles:
     settings: NumberLossSettings
     numbers: NumberTokens
     length: int  # positions per sequence
-    backward: bool  # the tiles' backward pass: CE + weight x NTL; else CE, NTL in the z-loss
+    backward: bool  # the tiles' backward pass: CE + weight x scale x NTL; else CE, NTL in the z-loss
+    # NTL's sum normalised as the loss says, per unit of CE's sum (`NumberLoss.normalised`):
+    # the whole micro-batch's, from its targets.
+    scale: jax.Array = 1.0
 
 
 # While `check_z_loss_slot` traces the tiled loss: what the cross-entropy adds to its z-loss output.
@@ -99,7 +103,7 @@ def per_token_ntl(logits, one_hot_targets, tiles: Tiles):
 def cross_entropy_with_logits(logits, targets, z_loss=0.0):
     """MaxText's `max_utils.cross_entropy_with_logits` `(xent, z_loss)` per token; inside
     tiles that compute NTL (`step.Step.tiles`), `(xent, z_loss + NTL)` in their forward
-    pass and `(xent + ntl_weight x NTL, z_loss)` in their backward pass."""
+    pass and `(xent + ntl_weight x scale x NTL, z_loss)` in their backward pass."""
     from maxtext.utils import max_utils
 
     xent, z = max_utils.cross_entropy_with_logits(logits, targets, z_loss=z_loss)
@@ -114,7 +118,7 @@ def cross_entropy_with_logits(logits, targets, z_loss=0.0):
         state.backward_calls += 1
         if tiles.settings.weight == 0:
             return xent, z
-        return xent + tiles.settings.weight * per_token_ntl(logits, targets, tiles), z
+        return xent + tiles.settings.weight * tiles.scale * per_token_ntl(logits, targets, tiles), z
     return xent, z + per_token_ntl(logits, targets, tiles)
 
 
@@ -217,8 +221,10 @@ def number_vocab_tiling_loss(stock_tiling_loss, settings: NumberLossSettings):
             check_z_loss_slot(stock_tiling_loss, model, hidden_states, data, config, is_train)
             checked.append(True)
         numbers = number_tokens(config, digit_level=settings.digit_level, prefixed_numbers=settings.prefixed_numbers)
-        state.tiles = Tiles(settings, numbers, length, backward=False)
         real = data["targets_segmentation"] != 0
+        counted = pipeline.counted_weight(data["targets"], real, numbers, settings.number_loss)
+        scale = settings.number_loss.normalised(jnp.float32(1.0), counted, jnp.sum(real, dtype=jnp.float32))
+        state.tiles = Tiles(settings, numbers, length, backward=False, scale=jax.lax.stop_gradient(scale))
         xent_sum, ntl_sum = stock_tiling_loss(model, hidden_states,
                                               dict(data, targets=jnp.where(real, data["targets"], -1)), config,
                                               is_train)

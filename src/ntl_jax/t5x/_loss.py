@@ -162,7 +162,10 @@ def model_loss(
 ) -> ModelLoss:
     """The NTL T5X models' loss and metric inputs from their logits and batch.
 
-    `loss = CE + z_loss + ntl_weight * sum_i w_i NTL_i / factor`: exactly
+    `loss = CE + z_loss + ntl_weight * term`, CE `sum_i w_i CE_i / factor` and the term
+    normalised as the loss's authors normalise it (`NumberLoss.normalised`: for NTL
+    `sum_i w_i NTL_i / sum_i' w_i'` over the positions it counts, times `sum_i w_i /
+    factor`, so that it stands to CE as in the paper under every factor): exactly
     `ntl_jax.cross_entropy_and_ntl` on the batch's `decoder_target_tokens` and
     `decoder_loss_weights` (packed: `decoder_segment_ids`, `decoder_positions`), the
     same pass (`pipeline.run`, which also reads the expected value) and the same
@@ -368,7 +371,7 @@ class NTLLossMixin:
         self,
         *args,
         number_loss: NumberLoss | str | None = DEFAULT,
-        ntl_weight: float = 0.3,
+        ntl_weight: Optional[float] = None,
         digit_level: bool = True,
         gce_sigma: float = 0.0,
         fused_loss: bool | str = False,
@@ -398,7 +401,8 @@ class NTLLossMixin:
             z_loss=getattr(self, "_z_loss", 0.0), gce_sigma=gce_sigma,
         )
         # Kept as Python floats (gin may bind integers), once they are known to be numbers.
-        self._options = dataclasses.replace(options, ntl_weight=float(ntl_weight), gce_sigma=float(gce_sigma))
+        self._options = dataclasses.replace(options, ntl_weight=float(options.ntl_weight),
+                                            gce_sigma=float(gce_sigma))
         checks.check_bool("digit_level", digit_level)
         # Built once on the host from the output vocabulary; a closure constant in jit.
         self._number_tokens = NumberTokens.from_vocabulary(self.output_vocabulary, digit_level=digit_level)

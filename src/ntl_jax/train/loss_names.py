@@ -53,6 +53,20 @@ def number_loss(loss: str):
     return _split(loss)[1]
 
 
+def recorded(loss: str) -> tuple[str, str | None]:
+    """`(name, mean_over)` of a canonical token-head loss as its run's identity records
+    it: runs of ntl_jax 0.4 and before normalised every number loss over the targets
+    (`mean_over="targets"`) and recorded its name without it, so such a loss keeps that
+    name and no normalisation; any other names the normalisation beside it. "ce" and
+    "gce": `(loss, None)`."""
+    if loss in PLAIN:
+        return loss, None
+    prefix, value = _split(loss)
+    if value.mean_over == "targets":
+        return prefix + value.shown_without(_losses.MEAN_OVER), None
+    return loss, value.mean_over
+
+
 def canonical(loss: str, others: tuple = ()) -> str:
     """The name runs record for a token-head loss: "ce", "gce", or the prefix and its
     number loss as runs show it (`NumberLoss.shown`: "smmd(mode=smmd)" -> "smmd",

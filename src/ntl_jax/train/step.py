@@ -53,8 +53,9 @@ def objective(loss, ntl_weight: float, gce_sigma: float) -> dict:
     number_loss = loss if isinstance(loss, losses.NumberLoss) else loss_names.number_loss(loss)
     gce_sigma = gce_sigma if uses_gce(loss) else 0.0
     if gce_sigma and number_loss.with_label_width is not None:
-        number_loss = number_loss.with_label_width(float(gce_sigma))
-    return dict(number_loss=number_loss, ntl_weight=ntl_weight if trains_ntl(loss) else 0.0, gce_sigma=gce_sigma)
+        number_loss = losses.with_mean_over(number_loss.with_label_width(float(gce_sigma)), number_loss.mean_over)
+    return dict(number_loss=number_loss, ntl_weight=ntl_weight if trains_ntl(loss) else 0.0,
+                gce_sigma=gce_sigma)
 
 
 def model_inputs(batch: dict) -> tuple[tuple, dict]:
@@ -90,7 +91,7 @@ def create_train_state(model, optimizer: optax.GradientTransformation, batch: di
 
 def make_train_step(model, optimizer: optax.GradientTransformation,
                     number_tokens: NumberTokens, *, loss=loss_names.DEFAULT,
-                    ntl_weight: float = 0.3, z_loss: float = 1e-4,
+                    ntl_weight: float | None = None, z_loss: float = 1e-4,
                     loss_normalizing_factor: Any = "NUM_REAL_TARGET_TOKENS",
                     fused_loss: bool = False, gce_sigma: float = DEFAULT_GCE_SIGMA):
     """Returns `train_step(state, batch) -> (state, metrics)`, jitted.
@@ -105,7 +106,9 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
         cross-entropy; a number loss ("ntl-was", "smmd(mode=mmd)", or a `NumberLoss`)
         is CE + λ·loss, and "gce+<number loss>" GCE + λ·loss (the paper pairs GCE with
         NTL-WAS-CDF, "gce+ntl-was-cdf", which then scores against the smoothed label).
-      ntl_weight: λ (0.3 in the paper); ignored (0) for "ce" and "gce".
+      ntl_weight: λ; None: the number loss's own (0.3 for NTL, the paper's); ignored
+        (0) for "ce" and "gce". The loss's term is normalised as its authors normalise it
+        (`NumberLoss.mean_over`).
       z_loss, loss_normalizing_factor: as in T5X's cross-entropy.
       fused_loss: compute the loss from the decoder's hidden states and the logits
         kernel with `ntl_jax.fused_cross_entropy_and_ntl`, never forming the

@@ -114,6 +114,15 @@ class TrainConfig:
         # Not used; or off, as RT runs saved before the option existed, which resume without it.
         if systems.vocabulary_name(self.loss) != "rt" or not self.rt_float_encodings:
             d.pop("rt_float_encodings")
+        # How the number loss is normalised; runs saved before the option existed normalised
+        # over the targets, and resume so under the name they recorded.
+        token_loss = systems.token_loss(self.loss)
+        if token_loss is not None and systems.trains_ntl(self.loss):
+            name, mean_over = loss_names.recorded(token_loss)
+            if token_loss == self.loss:
+                d["loss"] = name
+            if mean_over is not None:
+                d["ntl_mean_over"] = mean_over
         return d
 
     def float_encodings(self) -> str:

@@ -30,7 +30,7 @@ AVERAGED_PARTS = ("cross_entropy", "ntl_term")
 
 @refuses_old_keywords
 def number_token_loss_fn(number_tokens: NumberTokens, *, number_loss: NumberLoss | str | None = DEFAULT,
-                         ntl_weight: float = 0.3, fused: bool = False, **options) -> Callable:
+                         ntl_weight: float | None = None, fused: bool = False, **options) -> Callable:
     """A `PeftTrainer` loss function: `CE + ntl_weight * NTL` of the model's prediction
     of each next token, and its parts.
 
