@@ -37,7 +37,7 @@ LOSS_FILES = [f for f in GIN_FILES if f.startswith("losses/")]
 # The loss of each earlier experiment file, by its suffix: (the NTL_LOSS's spec, NTL_WEIGHT).
 EARLIER_LOSSES = {"ce": ("was", 0.0), "ntl_mse": ("mse", 0.3), "ntl_was": ("was", 0.3)}
 # NTL's successors at their authors' weights (docs/guides/losses.md).
-SUCCESSOR_LOSSES = {"del": ("del", 0.003), "dist2": ("dist2", 0.1), "smmd": ("smmd", 1.0)}
+SUCCESSOR_LOSSES = {"del": ("del", 0.001), "dist2": ("dist2", 0.1), "smmd": ("smmd", 1.0)}
 # Integer vocab sizes allowed in gin files: T5X's own value in a file that restates T5X's.
 LITERAL_VOCAB_SIZES = {"models/decoder_only_base_ntl.gin": 32128}
 
@@ -168,7 +168,10 @@ def effective_loss(files, bindings) -> tuple:
         (statement,) = parse(binding)
         assert statement.arg_name or statement.selector in known, f"{binding!r} binds a macro no gin file defines"
         apply([statement])
-    return _spec(values["NTL_LOSS"], parameters), float(values["NTL_WEIGHT"])
+    spec, weight = _spec(values["NTL_LOSS"], parameters), values["NTL_WEIGHT"]
+    if weight is None:  # the loss's own λ
+        weight = losses.DEFAULT_WEIGHT if spec == "none" else losses.parse(spec).default_weight
+    return spec, float(weight)
 
 
 def _spec(value, parameters) -> str:

@@ -44,4 +44,4 @@ __all__ = [
     "vocabulary_pieces",
     "weighted_cross_entropy",
 ]
-__version__ = "0.4.0"
+__version__ = "0.5.0"

@@ -29,7 +29,7 @@ MULTI_DIGIT = ntl_maxtext.NumberLossSettings(weight=0.3, number_loss="was", digi
 # digits: its own test below), and the brief's loss of one's own.
 DIGITS_ONLY = ("ntil",)
 LOSSES = [*(name for name in losses.NAMES if name not in DIGITS_ONLY), tiny.SQUARED_DISTANCE]
-AUX = ("xent_sum", "total_weights", "ntl_sum", "ntl_weight_sum", "number_targets")
+AUX = ("xent_sum", "total_weights", "ntl_sum", "ntl_weight_sum", "number_targets", "ntl_term_sum")
 
 
 def _id(number_loss):

@@ -49,12 +49,13 @@ LOSS_CHOICES = {
     "losses/ce.gin": (("losses/ce.gin",), (), (0.0, "was")),
     "losses/ntl_mse.gin": (("losses/ntl_mse.gin",), (), (0.3, "mse")),
     "losses/ntl_was.gin": (("losses/ntl_was.gin",), (), (0.3, "was")),
-    "losses/del.gin": (("losses/del.gin",), (), (0.003, "del")),
+    "losses/del.gin": (("losses/del.gin",), (), (0.001, "del")),  # DEL's own λ
     "losses/dist2.gin": (("losses/dist2.gin",), (), (0.1, "dist2")),
     "losses/smmd.gin": (("losses/smmd.gin",), (), (1.0, "smmd")),
     "NTL_WEIGHT=0.0": ((), ("NTL_WEIGHT = 0.0",), (0.0, "was")),
     "NTL_LOSS='mse'": ((), ("NTL_LOSS = 'mse'",), (0.3, "mse")),
     "NTL_LOSS='mae'": ((), ("NTL_LOSS = 'mae'",), (0.3, "mae")),
+    "NTL_LOSS='dist2'": ((), ("NTL_LOSS = 'dist2'",), (0.1, "dist2")),  # the model file leaves λ to the loss
     # A loss's own parameter, bound on its constructor.
     "losses.was.squash_factor=2.0": ((), ("losses.was.squash_factor = 2.0",), (0.3, "was(squash_factor=2.0)")),
     "losses/smmd.gin + losses.smmd.mode='mmd'": (("losses/smmd.gin",), ("losses.smmd.mode = 'mmd'",),

@@ -373,9 +373,11 @@ def _seed_ranges(seeds: list[int]) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in spans)
 
 
-def _run_record(spec: RunSpec, result: dict, out: str) -> dict:
+def _run_record(args: argparse.Namespace, spec: RunSpec, result: dict, out: str) -> dict:
     return {"loss": spec.label, "loss_function": spec.loss, "seed": spec.seed,
-            "baseline": spec.baseline, "ntl_weight": spec.ntl_weight, "gce_sigma": spec.gce_sigma,
+            "baseline": spec.baseline, "ntl_weight": spec.ntl_weight,
+            "ntl_mean_over": _config(args, spec).mean_over(),
+            "gce_sigma": spec.gce_sigma,
             "learning_rate": spec.learning_rate, "steps": spec.steps,
             "init_from": os.path.relpath(spec.init_from, out) if spec.init_from else None,
             "run_dir": os.path.relpath(run_dir(out, spec), out),
@@ -388,7 +390,7 @@ def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
     """The content of compare.json; `machines` as `read_machines` gives them."""
     from ntl_jax.train import paired_stats
 
-    records = [_run_record(s, results[s], out) for s in runs]
+    records = [_run_record(args, s, results[s], out) for s in runs]
     metrics = sorted({k for r in records for k in r["metrics"]})
     shown = [m for m in table_metrics(args) if m in metrics]
     thresholds = {f"{split}/number_accuracy": args.high_mode_threshold
@@ -411,7 +413,7 @@ def build_result(args: argparse.Namespace, argv: list[str] | None, out: str,
         "table_metrics": shown,
         "primary_metric": args.primary_metric,
         "runs": records,
-        "pretrain_runs": [_run_record(s, results[s], out) for s in pretrain],
+        "pretrain_runs": [_run_record(args, s, results[s], out) for s in pretrain],
         "summary": paired_stats.describe(records, metrics=metrics, thresholds=thresholds),
         "paired": paired_stats.paired_comparison(records, metrics=metrics),
     }

@@ -11,7 +11,7 @@ import sys
 from ntl_jax.cli import REFUSED
 from ntl_jax.cli import flags as cli_flags
 from ntl_jax.cli.flags import finite_non_negative_float, non_negative_int, positive_float, positive_int
-from ntl_jax.losses import DEFAULT_WEIGHT, NAMES, parse
+from ntl_jax.losses import DEFAULT_WEIGHT, MEAN_OVERS, NAMES, parse
 from ntl_jax.train import loss_names, systems
 from ntl_jax.train.data import EVAL_CHOICES
 from ntl_jax.train.loss_names import GCE_PREFIX
@@ -152,6 +152,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: dict,
                         + ", ".join(f"{loss.shown} {loss.default_weight:g}" for loss in map(parse, NAMES)
                                     if loss.default_weight != DEFAULT_WEIGHT)
                         + f", {DEFAULT_WEIGHT:g} for the others)")
+    g.add_argument("--ntl-mean-over", choices=MEAN_OVERS, default=None,
+                   help="how each number loss's term is normalised: counted, its mean over the positions it "
+                        "counts beside CE's mean over the tokens (each shipped loss's, its authors'); targets, "
+                        "its sum divided by all the target tokens, as ntl_jax 0.4 and before did (the paper's "
+                        "term x the share of number targets; the comparisons kept under evidence/ ran so) "
+                        "(default: each loss's own)")
     for flag in REMOVED_WEIGHT_FLAGS:
         g.add_argument(flag, action=_RemovedWeightFlag)
     g.add_argument("--eval-split", choices=EVAL_CHOICES, default="test",
@@ -225,6 +231,7 @@ def make_config(args: argparse.Namespace, loss: str, seed: int, **overrides):
     fields = dict(loss=loss, preset=args.preset, architecture=arch, steps=args.steps,
                   seed=seed, optimizer=args.optimizer, learning_rate=args.learning_rate,
                   warmup_steps=args.warmup_steps, ntl_weight=weight_of(args, loss),
+                  ntl_mean_over=getattr(args, "ntl_mean_over", None),
                   dropout_rate=getattr(args, "dropout_rate", 0.0),
                   fused_loss=args.fused_loss, rt_float_encodings=getattr(args, "rt_float_encodings", True),
                   data=data,

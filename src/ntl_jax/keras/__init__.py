@@ -1,7 +1,7 @@
 """NTL in Keras 3 on the JAX backend, for KerasHub's `CausalLM`s (Gemma, Llama 3, Qwen,
 ...): `pip install -e '.[keras]'`, and `KERAS_BACKEND=jax` set before Keras is imported.
 
-- `NumberTokenLoss(number_tokens, number_loss="was", ntl_weight=0.3)`: CE + λ·NTL as a
+- `NumberTokenLoss(number_tokens, number_loss="was", ntl_weight=None)`: CE + λ·NTL as a
   `keras.losses.Loss`, for `causal_lm.compile(loss=...)`; saved with the model;
 - `number_tokens(tokenizer)`: the number tokens of a KerasHub tokenizer;
 - `NumberTokenLossMetric` (`"ntl"`), `NumberAccuracy` (`"number_accuracy"`),

@@ -54,17 +54,14 @@ def number_loss(loss: str):
 
 
 def recorded(loss: str) -> tuple[str, str | None]:
-    """`(name, mean_over)` of a canonical token-head loss as its run's identity records
-    it: runs of ntl_jax 0.4 and before normalised every number loss over the targets
-    (`mean_over="targets"`) and recorded its name without it, so such a loss keeps that
-    name and no normalisation; any other names the normalisation beside it. "ce" and
+    """`(name, mean_over)` of a canonical token-head loss: its name without the spec's
+    `mean_over` (runs of ntl_jax 0.4 and before, which normalised every number loss over
+    the targets, recorded their losses so) and its number loss's normalisation. "ce" and
     "gce": `(loss, None)`."""
     if loss in PLAIN:
         return loss, None
     prefix, value = _split(loss)
-    if value.mean_over == "targets":
-        return prefix + value.shown_without(_losses.MEAN_OVER), None
-    return loss, value.mean_over
+    return prefix + value.shown_without(_losses.MEAN_OVER), value.mean_over
 
 
 def canonical(loss: str, others: tuple = ()) -> str:

@@ -155,6 +155,54 @@ def _direction(higher) -> str:
     return {True: " ↑", False: " ↓"}.get(higher, "")
 
 
+# Target tokens per digit token among a task's training answers (`python
+# scripts/tokens_per_digit.py`): what ntl_jax 0.4's normalisation scaled the paper's term by.
+TOKENS_PER_DIGIT = {"multiplication": 1.34, "arithmetic__add_or_sub": 1.34, "diabetes": 1.75}
+
+
+def normalisation_note(result: dict) -> str | None:
+    """What the number losses' terms were normalised by, and their λ in the paper's terms:
+    runs recorded without `ntl_mean_over` (before ntl_jax 0.5.0) divided the term by all
+    the target tokens. None where no run trained on a number loss."""
+    trained = [r for r in result.get("runs", []) if r.get("ntl_weight") and r.get("ntl_mean_over", "targets")
+               and ("ntl_mean_over" in r or _combine(r) is not None)]
+    if not trained:
+        return None
+    if all(_combine(r) == "scale_to_ce" for r in trained):
+        return ("The number loss's term is scaled to CE (λ · CE whatever its size), so its normalisation, ntl_jax "
+                "0.4's or its authors', changes nothing here.")
+    trained = [r for r in trained if _combine(r) != "scale_to_ce"]
+    kinds = {r.get("ntl_mean_over", "targets") for r in trained}
+    if kinds == {"counted"}:
+        return ("Number losses at their authors' objective: each term its loss's mean over the positions it "
+                "counts (`mean_over=counted`, ntl_jax 0.5), λ as given.")
+    module = (result.get("settings") or {}).get("module")
+    ratio = TOKENS_PER_DIGIT.get(module)
+    weights = sorted({(r["loss"], r["ntl_weight"]) for r in trained if r.get("ntl_mean_over", "targets") == "targets"})
+    if ratio is None:
+        scale = "λ × D/T, D/T the share of digits among its target tokens (not measured for this task)"
+    else:
+        shown = ", ".join(f"{loss} {weight * (1 / ratio):.3g}" for loss, weight in weights)
+        scale = f"λ × D/T = λ / {ratio:g} on this task's answers: {shown}"
+    return ("Number losses at ntl_jax 0.4's objective: each term its sum over the positions it counts divided by "
+            "all the target tokens (`mean_over=targets`; today's code repeats it with `--ntl-mean-over targets`), "
+            "so the paper's objective at an effective " + scale + ".")
+
+
+def _combine(record: dict) -> str | None:
+    """How the number loss a run trained on joins CE (`NumberLoss.combine`); None where
+    it trained on none."""
+    from ntl_jax.train import loss_names, systems
+
+    system = record.get("loss_function") or record["loss"]
+    try:
+        if not systems.trains_ntl(system):
+            return None
+        return loss_names.number_loss(systems.token_loss(system)).combine
+    except ValueError:
+        return None
+
+
 def render(result: dict) -> str:
     """The Markdown block of one result file (no trailing newline)."""
     metrics = table_metrics(result)
@@ -174,6 +222,9 @@ def render(result: dict) -> str:
     if result.get("run_seconds"):
         timing += f", training time of all runs {fmt_seconds(result['run_seconds'])}"
     lines += [f"`{result.get('command', '')}` · {result.get('machine', 'n/a')} · {timing}", ""]
+    note = normalisation_note(result)
+    if note:
+        lines += [note, ""]
     if "fused_loss" not in (result.get("settings") or {"fused_loss": None}):
         version = (result.get("versions") or {}).get("ntl-jax")
         version = f"ntl-jax {version}" if version else "an earlier ntl-jax"

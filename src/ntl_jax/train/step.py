@@ -40,10 +40,11 @@ def trains_ntl(loss) -> bool:
     return loss not in loss_names.PLAIN
 
 
-def objective(loss, ntl_weight: float, gce_sigma: float) -> dict:
+def objective(loss, ntl_weight: float, gce_sigma: float, ntl_mean_over: str | None = None) -> dict:
     """The `ntl_jax.cross_entropy_and_ntl` options of a token-head `loss` (a name, or a
     `NumberLoss` trained as CE + λ·loss): `number_loss`, `ntl_weight` (0 for "ce" and
-    "gce", which log NTL-WAS) and `gce_sigma` (0 for the losses without "gce").
+    "gce", which log NTL-WAS) and `gce_sigma` (0 for the losses without "gce");
+    `ntl_mean_over`, where given, how the number loss's term is normalised.
 
     With "gce+", a number loss that scores against a label of its own takes GCE's
     (`NumberLoss.with_label_width`; the paper's GCE + NTL-WAS-CDF), unless it sets a width.
@@ -54,6 +55,8 @@ def objective(loss, ntl_weight: float, gce_sigma: float) -> dict:
     gce_sigma = gce_sigma if uses_gce(loss) else 0.0
     if gce_sigma and number_loss.with_label_width is not None:
         number_loss = losses.with_mean_over(number_loss.with_label_width(float(gce_sigma)), number_loss.mean_over)
+    if ntl_mean_over is not None:
+        number_loss = losses.with_mean_over(number_loss, ntl_mean_over)
     return dict(number_loss=number_loss, ntl_weight=ntl_weight if trains_ntl(loss) else 0.0,
                 gce_sigma=gce_sigma)
 
@@ -93,7 +96,8 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
                     number_tokens: NumberTokens, *, loss=loss_names.DEFAULT,
                     ntl_weight: float | None = None, z_loss: float = 1e-4,
                     loss_normalizing_factor: Any = "NUM_REAL_TARGET_TOKENS",
-                    fused_loss: bool = False, gce_sigma: float = DEFAULT_GCE_SIGMA):
+                    fused_loss: bool = False, gce_sigma: float = DEFAULT_GCE_SIGMA,
+                    ntl_mean_over: str | None = None):
     """Returns `train_step(state, batch) -> (state, metrics)`, jitted.
 
     Args:
@@ -115,9 +119,11 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
         `[batch, length, vocab]` logits; the same loss to float32 rounding.
       gce_sigma: the width of the Gaussian label of the "gce" losses (1.0, the
         authors' default); not used by the others.
+      ntl_mean_over: how the number loss's term is normalised (`NumberLoss.mean_over`);
+        None: the loss's own.
     """
     try:
-        chosen = objective(loss, ntl_weight, gce_sigma)
+        chosen = objective(loss, ntl_weight, gce_sigma, ntl_mean_over)
     except ValueError as e:
         raise ValueError(f"loss: {e}") from None
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import ntl_mean
+from ntl_jax._core.variants import MEAN_OVERS
 from ntl_jax.train import data as data_lib
 from ntl_jax.train import loss_names, network, optim, systems
 from ntl_jax.train import step as step_lib
@@ -45,6 +46,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     ntl_weight: float = 0.3
+    # How the number loss's term is normalised (`NumberLoss.mean_over`); None: the loss's
+    # own ("counted" for every shipped loss; "targets" is ntl_jax 0.4's).
+    ntl_mean_over: str | None = None
     z_loss: float = 1e-4
     # The width of the Gaussian label of the "gce" losses; part of those runs' identity only.
     gce_sigma: float = step_lib.DEFAULT_GCE_SIGMA
@@ -90,6 +94,8 @@ class TrainConfig:
         if not 0 <= self.ntl_weight < math.inf or not 0 <= self.dropout_rate < 1:
             raise ValueError(f"expected a finite ntl_weight >= 0 and 0 <= dropout_rate < 1, got "
                              f"{self.ntl_weight} and {self.dropout_rate}")
+        if self.ntl_mean_over is not None and self.ntl_mean_over not in MEAN_OVERS:
+            raise ValueError(f"expected ntl_mean_over None or one of {MEAN_OVERS}, got {self.ntl_mean_over!r}")
         if step_lib.uses_gce(self.loss) and not 0 < self.gce_sigma < math.inf:
             raise ValueError(f"expected a finite gce_sigma > 0 for loss {self.loss!r}, got {self.gce_sigma}")
         if self.optimizer not in optim.OPTIMIZERS:
@@ -116,14 +122,20 @@ class TrainConfig:
             d.pop("rt_float_encodings")
         # How the number loss is normalised; runs saved before the option existed normalised
         # over the targets, and resume so under the name they recorded.
-        token_loss = systems.token_loss(self.loss)
-        if token_loss is not None and systems.trains_ntl(self.loss):
-            name, mean_over = loss_names.recorded(token_loss)
-            if token_loss == self.loss:
-                d["loss"] = name
-            if mean_over is not None:
-                d["ntl_mean_over"] = mean_over
+        d.pop("ntl_mean_over")
+        mean_over = self.mean_over()
+        if mean_over == "targets" and self.loss == systems.token_loss(self.loss):
+            d["loss"] = loss_names.recorded(self.loss)[0]
+        elif mean_over is not None:
+            d["ntl_mean_over"] = mean_over
         return d
+
+    def mean_over(self) -> str | None:
+        """How the number loss trained on is normalised (`ntl_mean_over`, else the loss's
+        own); None for a run that trains on none."""
+        if not systems.trains_ntl(self.loss):
+            return None
+        return self.ntl_mean_over or loss_names.number_loss(systems.token_loss(self.loss)).mean_over
 
     def float_encodings(self) -> str:
         """What the network adds to its input embeddings (`network.FLOAT_ENCODINGS`)."""
@@ -242,6 +254,7 @@ class StepSpec:
     clip_norm: float
     loss: str
     ntl_weight: float
+    ntl_mean_over: str | None
     z_loss: float
     fused_loss: bool
     gce_sigma: float
@@ -256,7 +269,7 @@ class StepSpec:
                    total_steps=config.steps, warmup_steps=config.warmup_steps,
                    schedule=config.schedule, weight_decay=config.weight_decay,
                    clip_norm=config.clip_norm, loss=systems.token_loss(config.loss),
-                   ntl_weight=config.ntl_weight,
+                   ntl_weight=config.ntl_weight, ntl_mean_over=config.ntl_mean_over,
                    z_loss=config.z_loss, fused_loss=config.fused_loss,
                    gce_sigma=config.gce_sigma if step_lib.uses_gce(config.loss) else 0.0,
                    float_encodings=config.float_encodings(), number_tokens=number_tokens)
@@ -274,6 +287,7 @@ def build_step(spec: StepSpec):
         weight_decay=spec.weight_decay, clip_norm=spec.clip_norm)
     train_step = step_lib.make_train_step(
         model, optimizer, spec.number_tokens, loss=spec.loss, ntl_weight=spec.ntl_weight,
+        ntl_mean_over=spec.ntl_mean_over,
         z_loss=spec.z_loss, fused_loss=spec.fused_loss, gce_sigma=spec.gce_sigma)
     return model, optimizer, train_step
 
