@@ -170,11 +170,12 @@ def _t5x():
 
 def _maxtext_aux(i):
     """What ntl_jax.maxtext's loss function adds to MaxText's loss aux for batch `i`."""
-    from ntl_jax.maxtext.loss import NTL_SUM, NTL_WEIGHT_SUM, NUMBER_TARGETS
+    from ntl_jax.maxtext.loss import NTL_SUM, NTL_TERM_SUM, NTL_WEIGHT_SUM, NUMBER_TARGETS
 
     parts = _parts(i)
     return {NTL_SUM: parts["ntl_sum"], NTL_WEIGHT_SUM: parts["ntl_weight_sum"], NUMBER_TARGETS: COUNTS[i],
-            "total_weights": WEIGHTS[i].sum(), "xent_sum": parts["cross_entropy"] * WEIGHTS[i].sum()}
+            "total_weights": WEIGHTS[i].sum(), "xent_sum": parts["cross_entropy"] * WEIGHTS[i].sum(),
+            NTL_TERM_SUM: parts["ntl_term"] * WEIGHTS[i].sum()}
 
 
 def _maxtext_evaluation():
