@@ -136,8 +136,9 @@ def test_gradient_accumulation_trains_the_step_the_whole_batch_trains(runs):
     assert accumulated[0]["learning/loss"] == pytest.approx(
         accumulated[0]["learning/lm_loss"] + accumulated[0]["learning/ntl_term"], rel=1e-6)
     assert accumulated[0]["learning/ntl_term"] == pytest.approx(whole[0]["learning/ntl_term"], rel=0.1)
-    # Each micro-batch's gradient computed in bfloat16 (the runs' dtype), summed in float32.
-    assert accumulated[0]["learning/raw_grad_norm"] == pytest.approx(whole[0]["learning/raw_grad_norm"], rel=1e-3)
+    # Each micro-batch's gradient computed in bfloat16 (the runs' dtype), summed in float32,
+    # its NTL part each micro-batch's own mean (measured: 2.6 % off the whole batch's norm).
+    assert accumulated[0]["learning/raw_grad_norm"] == pytest.approx(whole[0]["learning/raw_grad_norm"], rel=0.05)
     # After three updates from those gradients, which weigh each micro-batch's NTL mean by
     # its tokens where the whole batch takes one mean: NTL fell in both, alike.
     assert accumulated[-1]["learning/ntl"] < accumulated[0]["learning/ntl"]
@@ -160,8 +161,10 @@ def test_in_vocabulary_tiles_the_step_is_the_untiled_step(runs):
     # computed as their columns alone: a matmul of another shape, a rounding apart.
     assert tiled[0]["learning/ntl"] == pytest.approx(untiled[0]["learning/ntl"], rel=1e-3)
     assert tiled[0]["learning/ntl_term"] == pytest.approx(untiled[0]["learning/ntl_term"], rel=1e-3)
-    assert tiled[0]["learning/raw_grad_norm"] == pytest.approx(untiled[0]["learning/raw_grad_norm"], rel=1e-3)
-    assert tiled[-1]["learning/ntl"] == pytest.approx(untiled[-1]["learning/ntl"], rel=1e-3)
+    # NTL's gradient from bfloat16 logits (2^-8 apart), now its authors' share of the step's
+    # (T/D times ntl_jax 0.4's): measured 0.17 % apart.
+    assert tiled[0]["learning/raw_grad_norm"] == pytest.approx(untiled[0]["learning/raw_grad_norm"], rel=5e-3)
+    assert tiled[-1]["learning/ntl"] == pytest.approx(untiled[-1]["learning/ntl"], rel=5e-3)
     evals = [[m for m in runs[name][2] if "eval/avg_ntl" in m] for name in ("accumulated", "tiled")]
     assert [m["step"] for m in evals[1]] == [0, 2]
     # The first evaluation follows the first update, made from gradients a rounding apart.
