@@ -264,6 +264,28 @@ def test_the_kept_runs_of_0_3_are_finished_runs_of_their_command(setting):
         assert trainer.finished_run(cli_compare._config(args, spec), cli_compare.run_dir(str(kept), spec)) is None
 
 
+KEPT_SINCE_0_5 = ("diabetes_paper_objective",)  # at each loss's authors' normalisation
+
+
+@pytest.mark.parametrize("setting", KEPT_SINCE_0_5)
+def test_the_kept_runs_of_0_5_are_finished_runs_of_their_command_and_not_of_0_4s(setting):
+    kept = ROOT / "evidence" / setting
+    if not kept.is_dir():
+        pytest.skip(f"{kept} is not in this checkout")
+    result = json.loads((ROOT / "docs" / "results" / f"{setting}.json").read_text())
+    assert {r["ntl_mean_over"] for r in result["runs"]} == {None, "counted"}
+    argv = shlex.split(result["command"])[1:]
+    args = cli.build_parser(argv).parse_args(argv)
+    args.module = args.task if args.task in ("multiplication", "diabetes") else args.module
+    _, runs = cli_compare.plan(args, str(kept))
+    assert len(runs) == sum(1 for _ in kept.glob("*/seed_*/config.json")) > 0
+    for spec in runs:
+        assert trainer.finished_run(cli_compare._config(args, spec), cli_compare.run_dir(str(kept), spec)) is not None
+    args.ntl_mean_over = "targets"  # 0.4's normalisation is another run
+    for spec in [spec for spec in runs if systems.trains_ntl(spec.loss)]:
+        assert trainer.finished_run(cli_compare._config(args, spec), cli_compare.run_dir(str(kept), spec)) is None
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "docs" / "results").glob("*.json")))
 def test_every_recorded_comparison_plans_its_runs_in_the_new_form(name):
     result = json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())
