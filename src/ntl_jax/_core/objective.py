@@ -37,13 +37,10 @@ def cross_entropy_and_ntl(
     decoder_segment_ids=None,
     decoder_positions=None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """`CE + ntl_weight * term`, the number loss's term normalised as its authors
-    normalise it (`NumberLoss.mean_over`): for NTL (the paper's objective, ntloss's),
-    DEL, DIST² and SMMD, the loss's weighted mean over the positions it counts beside
-    CE's weighted mean over the target tokens. CE is T5X's: a weighted sum over the
-    tokens divided by the resolved loss-normalising factor; the term is put beside it in
-    the same ratio, `ntl_weight * mean * weight_sum / factor` (docs/guides/losses.md,
-    "What the objective computes").
+    """`CE + ntl_weight * term`: CE T5X's (a weighted sum over the tokens over the
+    resolved loss-normalising factor), the term normalised as the loss's authors do
+    (`NumberLoss.mean_over`; for NTL, DEL, DIST², SMMD `ntl_weight * mean * weight_sum /
+    factor`, the paper's ratio to CE: docs/guides/losses.md).
 
     Args:
       logits: `[batch, length, vocab]` floating (`vocab` may exceed the table).

@@ -16,8 +16,9 @@ loss-normalising factor:
 So with `ntl_weight=0` it is Keras's `SparseCategoricalCrossentropy(from_logits=True)`
 under the same reduction, and the number loss's term stands to that cross-entropy as its
 authors' term stands to CE's mean over the tokens (the objective's rule: `ntl_weight` x
-the loss's mean over the positions it counts x the weights' sum / the divisor). `reduction=None`/`"none"` is refused: the number-level
-losses read whole numbers across positions, so the loss has no per-token form.
+the loss's mean over the positions it counts x the weights' sum / the divisor).
+`reduction=None`/`"none"` is refused: the number-level losses read whole numbers across
+positions, so the loss has no per-token form.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ pass each compute a tile's `[tokens, vocab]` logits and hand them to
 `max_utils.cross_entropy_with_logits`. Here that call also computes NTL per token from
 the tile's logits. In the backward pass it adds `ntl_weight` x NTL to the
 cross-entropy (scaled as the loss normalises its term: for NTL the micro-batch's real
-targets over the positions it counts, read from its targets before the tiles run), so the tiles' own backward pass differentiates CE + NTL and XLA schedules
-MaxText's step as it is. (NTL computed beside the tiles, from the hidden states, is the
+targets over the positions it counts, read from its targets before the tiles run), so
+the tiles' own backward pass differentiates CE + NTL and XLA schedules MaxText's step as
+it is. (NTL computed beside the tiles, from the hidden states, is the
 same loss, but with unrolled layers XLA then schedules the step to need much more memory:
 docs/guides/maxtext.md.) In the forward pass the cross-entropy stays MaxText's, and the
 tiles' z-loss output, a sum MaxText only logs and never differentiates, carries NTL out:

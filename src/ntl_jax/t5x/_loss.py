@@ -162,10 +162,8 @@ def model_loss(
 ) -> ModelLoss:
     """The NTL T5X models' loss and metric inputs from their logits and batch.
 
-    `loss = CE + z_loss + ntl_weight * term`, CE `sum_i w_i CE_i / factor` and the term
-    normalised as the loss's authors normalise it (`NumberLoss.normalised`: for NTL
-    `sum_i w_i NTL_i / sum_i' w_i'` over the positions it counts, times `sum_i w_i /
-    factor`, so that it stands to CE as in the paper under every factor): exactly
+    `loss = CE + z_loss + ntl_weight * term`, the term normalised as the loss's authors
+    do (`NumberLoss.normalised`: the paper's ratio to CE under every factor): exactly
     `ntl_jax.cross_entropy_and_ntl` on the batch's `decoder_target_tokens` and
     `decoder_loss_weights` (packed: `decoder_segment_ids`, `decoder_positions`), the
     same pass (`pipeline.run`, which also reads the expected value) and the same

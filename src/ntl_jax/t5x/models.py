@@ -91,8 +91,7 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
       number_loss: a value of `ntl_jax.losses` (default `was()`, the paper's NTL-WAS), a spec string
         (`"smmd(mode=mmd)"`), or None / `"none"` for cross-entropy alone. In gin, bind its constructor:
         `NTLEncoderDecoderModel.number_loss = @losses.smmd()` and `losses.smmd.mode = 'mmd'`.
-      ntl_weight: the factor on the number loss's term (lambda); None: the loss's own (0.3 for NTL, the
-        paper's); 0 still logs the NTL metrics. The term is normalised as the loss's authors normalise it.
+      ntl_weight: lambda on the loss's term (its authors'); None: the loss's own; 0 still logs NTL.
       gce_sigma: > 0: Gaussian-smoothed cross-entropy (GCE) of this width at number targets; 0 is one-hot.
         Exclusive with `label_smoothing`; the paper pairs it with `ntl_jax.losses.was_cdf(sigma=gce_sigma)`.
       digit_level: only the characters 0-9 are number tokens (the paper); False: every piece that parses as one.

@@ -58,8 +58,8 @@ class NumberTokenLossTrainer(peft_trainer.PeftTrainer):
     """
 
     def __init__(self, model, optimizer, training_config: peft_trainer.TrainingConfig, number_tokens: NumberTokens,
-                 *, number_loss: NumberLoss | str | None = DEFAULT, ntl_weight: float | None = None, fused: bool = False,
-                 metrics_logger=None, **options):
+                 *, number_loss: NumberLoss | str | None = DEFAULT, ntl_weight: float | None = None,
+                 fused: bool = False, metrics_logger=None, **options):
         check_no_old_keywords(f"{type(self).__name__}()", options)
         loss_fn = number_token_loss_fn(number_tokens, number_loss=number_loss, ntl_weight=ntl_weight, fused=fused,
                                        **options)
