@@ -353,6 +353,13 @@ def test_gradients_match_finite_differences(float_level):
 # -- the fused head ------------------------------------------------------------------------
 
 
+def _ce_weight_sum(targets, weights):
+    """The cross-entropy's weight sum (no loss-normalising factor): the given weights at the
+    targets inside the logits (ignored ids, -100, count for nothing)."""
+    targets, weights = np.asarray(targets), np.asarray(weights, np.float64)
+    return np.where((weights > 0) & (targets >= 0) & (targets < VOCAB), weights, 0.0).sum()
+
+
 def _assert_close(a, b, rtol=2e-5, what=""):
     # As tests/test_fused.py: different summation orders, a few hundred ulps of the largest value.
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -382,14 +389,17 @@ def test_fused_head_equals_the_unfused_objective(float_level, reweigh):
         _assert_close(parts_u[name], parts_f[name], what=name)
     _assert_close(grads_u[0], grads_f[0], what="d hidden")
     _assert_close(grads_u[1], grads_f[1], what="d kernel")
-    # Both: lambda x the reference's weighted sum (no loss-normalising factor), and its
-    # weighted mean.
+    # Both: lambda x the reference's weighted mean x the cross-entropy's weight sum (ntl_jax
+    # 0.5; no loss-normalising factor), and its weighted mean.
     logits = np.asarray(jnp.einsum("bld,dv->blv", hidden, kernel))
     want = reference(logits, np.asarray(targets), np.asarray(weights), float_level=float_level,
                      reweigh=reweigh, reduction="sum")
     mean = reference(logits, np.asarray(targets), np.asarray(weights), float_level=float_level,
                      reweigh=reweigh, reduction="mean")
-    np.testing.assert_allclose(float(parts_f["ntl_term"]), 0.3 * want, rtol=RTOL, atol=ATOL)
+    weight_sum = _ce_weight_sum(targets, weights)
+    np.testing.assert_allclose(float(parts_f["weight_sum"]), weight_sum, rtol=1e-6)
+    assert want / mean < 0.8 * weight_sum  # the numbers are a share of the targets: new and old differ
+    np.testing.assert_allclose(float(parts_f["ntl_term"]), 0.3 * mean * weight_sum, rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(float(parts_f["ntl"]), mean, rtol=RTOL, atol=ATOL)
     assert want > 1.0
 
@@ -421,11 +431,12 @@ def test_max_number_length_reaches_the_objective_and_the_fused_head(float_level)
     # The same loss as a spec.
     _, spec_parts = cross_entropy_and_ntl(logits, targets, NT, weights=weights,
                                           number_loss=f"{name}(max_number_length=2)")
+    weight_sum = _ce_weight_sum(targets, weights)
     for got in (parts, fused_parts, spec_parts):
-        np.testing.assert_allclose(float(got["ntl_term"]), 0.3 * want, rtol=1e-5)
+        np.testing.assert_allclose(float(got["ntl_term"]), 0.3 * mean * weight_sum, rtol=1e-5)
         np.testing.assert_allclose(float(got["ntl"]), mean, rtol=1e-5)
     with pytest.raises(ValueError, match=r"number loss 'was' has no parameter 'max_number_length' \(it takes "
-                                         r"\('squash_factor', 'reweigh'\)\)"):
+                                         r"\('squash_factor', 'reweigh'\), and every loss mean_over\)"):
         cross_entropy_and_ntl(logits, targets, NT, number_loss="was(max_number_length=2)")
     with pytest.raises(TypeError, match=r"cross_entropy_and_ntl\(\) no longer takes max_number_length= "
                                         r".*number_loss=ntl_jax.losses.number_level\(max_number_length=...\)"):

@@ -83,11 +83,14 @@ BAD_PARAMETERS = [
     ("smmd reweigh", lambda: losses.smmd(reweigh=True), TypeError,
      "smmd() got an unexpected keyword argument 'reweigh'"),
     ("del reweigh spec", lambda: losses.parse("del(reweigh=true)"), ValueError,
-     "number loss 'del' has no parameter 'reweigh' (it takes ()); in the spec 'del(reweigh=true)'"),
+     "number loss 'del' has no parameter 'reweigh' (it takes (), and every loss mean_over); in the spec "
+     "'del(reweigh=true)'"),
     ("dist2 reweigh spec", lambda: losses.parse("dist2(reweigh=true)"), ValueError,
-     "number loss 'dist2' has no parameter 'reweigh' (it takes ('tau',)); in the spec 'dist2(reweigh=true)'"),
+     "number loss 'dist2' has no parameter 'reweigh' (it takes ('tau',), and every loss mean_over); in the spec "
+     "'dist2(reweigh=true)'"),
     ("smmd reweigh spec", lambda: losses.parse("smmd(reweigh=true)"), ValueError,
-     "number loss 'smmd' has no parameter 'reweigh' (it takes ('mode', 'sigma', 'alpha', 'squash_factor')); in "
+     "number loss 'smmd' has no parameter 'reweigh' (it takes ('mode', 'sigma', 'alpha', 'squash_factor'), and every "
+     "loss mean_over); in "
      "the spec 'smmd(reweigh=true)'"),
     # A loss written by hand is checked too.
     ("NumberLoss reweigh without ceiling", lambda: dataclasses.replace(losses.dist2(), reweigh=True), ValueError,
@@ -209,14 +212,14 @@ def test_none_is_no_number_loss():
     ("Was(reweigh=true)", ("unknown", "Was")),
     ("expected_value_loss(fn=subtract)", ("unknown", "expected_value_loss")),
     ("smmd(sigmaa=2)", "number loss 'smmd' has no parameter 'sigmaa' (it takes ('mode', 'sigma', 'alpha', "
-                       "'squash_factor')); in the spec 'smmd(sigmaa=2)'"),
-    ("mse(squash_factor=2.0)", "number loss 'mse' has no parameter 'squash_factor' (it takes ('reweigh',)); in the "
-                               "spec 'mse(squash_factor=2.0)'"),
+                       "'squash_factor'), and every loss mean_over); in the spec 'smmd(sigmaa=2)'"),
+    ("mse(squash_factor=2.0)", "number loss 'mse' has no parameter 'squash_factor' (it takes ('reweigh',), and every "
+                               "loss mean_over); in the spec 'mse(squash_factor=2.0)'"),
     ("was_cdf(gce_sigma=1.0)", "number loss 'was_cdf' has no parameter 'gce_sigma' (it takes ('sigma', "
-                               "'reweigh')); in the spec 'was_cdf(gce_sigma=1.0)'"),
+                               "'reweigh'), and every loss mean_over); in the spec 'was_cdf(gce_sigma=1.0)'"),
     ("number_level_float(float_level=false)", "number loss 'number_level_float' has no parameter 'float_level' (it "
-                                              "takes ('max_number_length', 'reweigh')); in the spec "
-                                              "'number_level_float(float_level=false)'"),
+                                              "takes ('max_number_length', 'reweigh'), and every loss "
+                                              "mean_over); in the spec 'number_level_float(float_level=false)'"),
     # Bad values: the constructor's message, and the spec.
     ("was(squash_factor=1)", "number loss 'was': expected squash_factor finite and > 1, got 1"),
     ("was(squash_factor=abc)", "number loss 'was': expected squash_factor to be a Python number, got str 'abc'; in "
@@ -383,7 +386,8 @@ def reference(logits, targets, weights, *, reweigh=False):
 
 def objective_reference(logits, targets, weights, *, factor, reweigh=False):
     """numpy, float64: `(loss, cross_entropy, ntl_sum, ntl_weight_sum, grad)` of
-    `CE + 0.3 NTL` over the factor."""
+    `(CE + 0.3 * mean(NTL) * weight_sum) / factor` (ntl_jax 0.5: the number loss's
+    weighted mean over the positions it counts, times the CE weights' sum)."""
     x = np.nan_to_num(np.asarray(logits, np.float64))
     targets, weights = np.asarray(targets), np.asarray(weights, np.float64)
     keep = (weights > 0) & (targets >= 0) & (targets < x.shape[-1])
@@ -394,8 +398,10 @@ def objective_reference(logits, targets, weights, *, factor, reweigh=False):
     ce_grad = w[..., None] * (full - np.eye(x.shape[-1])[safe])
     per_position, counted, ntl_grad = reference(logits, targets, weights, reweigh=reweigh)
     ntl = per_position.sum()
-    return ((ce + 0.3 * ntl) / factor, ce / factor, ntl, np.where(counted, weights, 0.0).sum(),
-            (ce_grad + 0.3 * ntl_grad) / factor)
+    ntl_weight_sum = np.where(counted, weights, 0.0).sum()
+    scale = w.sum() / ntl_weight_sum  # weight_sum / ntl_weight_sum: constants of the logits
+    return ((ce + 0.3 * ntl * scale) / factor, ce / factor, ntl, ntl_weight_sum,
+            (ce_grad + 0.3 * scale * ntl_grad) / factor)
 
 
 def _assert_gradient(got, want):
@@ -436,7 +442,13 @@ def test_a_loss_of_your_own_through_the_objective(number_loss, factor, formulati
     np.testing.assert_allclose(float(loss), want, rtol=1e-5)
     np.testing.assert_allclose(float(parts["cross_entropy"]), ce, rtol=1e-5)
     np.testing.assert_allclose(float(parts["ntl"]), ntl / ntl_weight_sum, rtol=1e-5)
-    np.testing.assert_allclose(float(parts["ntl_term"]), 0.3 * ntl / (1.0 if factor is None else factor), rtol=1e-5)
+    weight_sum = np.where((np.asarray(weights) > 0) & (np.asarray(targets) >= 0) & (np.asarray(targets) < V + EXTRA),
+                          np.asarray(weights, np.float64), 0.0).sum()
+    np.testing.assert_allclose(float(parts["weight_sum"]), weight_sum, rtol=1e-6)
+    assert ntl_weight_sum < weight_sum  # so the new normalisation differs from the old one
+    np.testing.assert_allclose(float(parts["ntl_term"]),
+                               0.3 * (ntl / ntl_weight_sum) * weight_sum / (1.0 if factor is None else factor),
+                               rtol=1e-5)
     np.testing.assert_allclose(float(parts["ntl_weight_sum"]), ntl_weight_sum, rtol=1e-6)
     _assert_gradient(grad, want_grad)
     assert not np.asarray(grad)[1, 6].any()

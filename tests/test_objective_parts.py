@@ -1,6 +1,6 @@
 """The objective's parts, each against numbers computed here in numpy: `ntl` is the
 weighted mean of the number loss over the positions it counts, `ntl_term` what it adds
-to the loss (`ntl_weight * sum / factor`); no number loss computes none; a loss a user
+to the loss (`ntl_weight * mean * weight_sum / factor`, ntl_jax 0.5); no number loss computes none; a loss a user
 writes trains through the objective and the fused head; `gce_sigma` changes the
 cross-entropy only."""
 
@@ -157,7 +157,8 @@ def _hidden_and_kernel(seed=0):
 
 
 def _user_objective_numpy(hidden, kernel, weights, factor):
-    """`(loss, d hidden, d kernel)` of CE + lambda * E_p[(v - y)^2] in float64: the
+    """`(loss, d hidden, d kernel)` of (sum(w CE) + lambda * mean_counted(E_p[(v - y)^2]) *
+    sum(w)) / factor in float64 (ntl_jax 0.5's normalisation): the
     gradient of each term with respect to the logits written out (CE's `softmax - onehot`,
     the expectation's `p_j (f_j - E_p f)` at the number columns), then through `hidden @ kernel`."""
     h, k = np.asarray(hidden, np.float64), np.asarray(kernel, np.float64)
@@ -166,10 +167,11 @@ def _user_objective_numpy(hidden, kernel, weights, factor):
     f = np.square(np.arange(10) - Y[..., None])
     p = _number_probs(logits)
     mean_f = (p * f).sum(-1)
-    loss = ((_cross_entropy(logits, TARGETS) * w).sum() + NTL_WEIGHT * (mean_f * w * IS_NUMBER).sum()) / factor
+    scale = w.sum() / (w * IS_NUMBER).sum()  # weight_sum / ntl_weight_sum: constants of the logits
+    loss = ((_cross_entropy(logits, TARGETS) * w).sum() + NTL_WEIGHT * scale * (mean_f * w * IS_NUMBER).sum()) / factor
     d_logits = _softmax(logits) - np.eye(V)[np.asarray(TARGETS)]
     d_logits = d_logits * w[..., None]
-    d_logits[..., DIGITS] += NTL_WEIGHT * (w * IS_NUMBER)[..., None] * p * (f - mean_f[..., None])
+    d_logits[..., DIGITS] += NTL_WEIGHT * scale * (w * IS_NUMBER)[..., None] * p * (f - mean_f[..., None])
     d_logits /= factor
     return loss, d_logits @ k.T, np.einsum("bld,blv->dv", h, d_logits)
 
@@ -200,7 +202,8 @@ def test_a_users_loss_equals_its_numpy_reference_through_the_objective_and_the_f
     for name, ((loss, parts), (dh, dk)) in results.items():
         np.testing.assert_allclose(float(loss), want_loss, rtol=2e-5, err_msg=name)
         np.testing.assert_allclose(float(parts["ntl"]), (user[0, 0] + user[1, 0]) / 2, rtol=2e-5, err_msg=name)
-        np.testing.assert_allclose(float(parts["ntl_term"]), NTL_WEIGHT * (user[0, 0] + user[1, 0]) / 3, rtol=2e-5,
+        # NUM_REAL_TARGET_TOKENS: factor = weight_sum = 3, so the term is lambda x the mean over the 2 numbers.
+        np.testing.assert_allclose(float(parts["ntl_term"]), NTL_WEIGHT * (user[0, 0] + user[1, 0]) / 2, rtol=2e-5,
                                    err_msg=name)
         np.testing.assert_allclose(dh, want_dh, rtol=1e-4, atol=1e-6, err_msg=name)
         np.testing.assert_allclose(dk, want_dk, rtol=1e-4, atol=1e-6, err_msg=name)

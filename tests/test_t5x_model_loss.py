@@ -261,11 +261,15 @@ def test_none_and_number_factors_sum_and_divide():
     scaled = loss_of(logits, batch, loss_normalizing_factor=233472.0)
     np.testing.assert_allclose(float(scaled.loss), float(total.loss) / 233472.0, rtol=1e-6)
     assert total.loss_normalizing_factor is None and scaled.loss_normalizing_factor == 233472.0
-    # None is a plain weighted sum of the per-token cross-entropy and NTL.
+    # None: the weighted sum of the per-token cross-entropy, plus 0.3 x NTL's mean over the
+    # counted (digit) positions times the cross-entropy's weight (as if summed at every target).
     weights = np.asarray(batch["decoder_loss_weights"], np.float64)
     ce, _ = t5x_cross_entropy(logits, batch["decoder_target_tokens"], weights, None)
-    was, _ = numpy_was(logits, batch["decoder_target_tokens"])
-    np.testing.assert_allclose(float(total.loss), ce + 0.3 * (was * weights).sum(), rtol=2e-5)
+    was, is_digit = numpy_was(logits, batch["decoder_target_tokens"])
+    mean = (was * weights).sum() / weights[is_digit].sum()
+    np.testing.assert_allclose(float(total.loss), ce + 0.3 * mean * weights.sum(), rtol=2e-5)
+    # Not the old term (0.3 x the NTL sum): the two differ on this batch.
+    assert abs(mean * weights.sum() - (was * weights).sum()) > 1e-2 * (was * weights).sum()
 
 
 def test_num_real_target_tokens_is_a_mean_over_weighted_tokens():
@@ -273,9 +277,11 @@ def test_num_real_target_tokens_is_a_mean_over_weighted_tokens():
     out = loss_of(logits, batch, ntl_weight=0.5, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     weights = np.asarray(batch["decoder_loss_weights"], np.float64)
     ce, _ = t5x_cross_entropy(logits, batch["decoder_target_tokens"], weights, None)
-    was, _ = numpy_was(logits, batch["decoder_target_tokens"])
+    was, is_digit = numpy_was(logits, batch["decoder_target_tokens"])
     assert float(out.loss_normalizing_factor) == weights.sum() == 26  # 7 + 10 + 10 real tokens, one weighted 0
-    np.testing.assert_allclose(float(out.loss), (ce + 0.5 * (was * weights).sum()) / weights.sum(), rtol=2e-5)
+    # CE's mean over the weighted tokens plus 0.5 x NTL's mean over the weighted digits.
+    ntl_mean = (was * weights).sum() / weights[is_digit].sum()
+    np.testing.assert_allclose(float(out.loss), ce / weights.sum() + 0.5 * ntl_mean, rtol=2e-5)
 
 
 def test_num_total_target_tokens_counts_padding():
@@ -294,16 +300,21 @@ def test_average_per_sequence_is_the_mean_of_sequence_means(packed):
     weights = np.asarray(batch["decoder_loss_weights"], np.float64)
     log_probs = np.asarray(jax.nn.log_softmax(logits), np.float64)
     ce_per_token = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
-    was, _ = numpy_was(logits, targets)
-    per_token = ce_per_token + 0.3 * was
+    was, is_digit = numpy_was(logits, targets)
     segments = np.asarray(batch["decoder_segment_ids"]) if packed else (targets > 0).astype(int)
     means = []
+    per_sequence = np.zeros_like(weights)  # each token's weight over its sequence's total
     for b in range(3):
         for s in set(segments[b].tolist()) - {0}:
             where = segments[b] == s
-            means.append((per_token[b, where] * weights[b, where]).sum() / weights[b, where].sum())
+            means.append((ce_per_token[b, where] * weights[b, where]).sum() / weights[b, where].sum())
+            per_sequence[b, where] = weights[b, where] / weights[b, where].sum()
     assert len(means) == (6 if packed else 3)
-    np.testing.assert_allclose(float(out.loss), np.mean(means), rtol=2e-5)
+    # CE: the mean of the sequence means. NTL: 0.3 x its mean over the digits weighted
+    # 1/len per sequence (the weights sum to the number of sequences, the factor).
+    ntl_mean = (was * per_sequence).sum() / per_sequence[is_digit].sum()
+    np.testing.assert_allclose(float(out.loss), np.mean(means) + 0.3 * ntl_mean, rtol=2e-5)
+    np.testing.assert_allclose(float(out.per_step["ntl_term"]), 0.3 * ntl_mean, rtol=2e-5)
     np.testing.assert_allclose(float(out.loss_normalizing_factor), len(means), rtol=1e-6)
 
 
@@ -355,8 +366,10 @@ def test_cross_ent_loss_metric_excludes_the_ntl_term(factor):
     stock = float(out.loss - out.z_loss)
     np.testing.assert_allclose(stock - float(out.per_step["cross_ent_loss"]), float(out.per_step["ntl_term"]),
                                rtol=1e-5)
-    total, _ = out.averages["ntl"]
-    np.testing.assert_allclose(float(out.per_step["ntl_term"]), 0.7 * float(total) / (lnf or 1.0), rtol=1e-5)
+    # The term: 0.7 x NTL's mean x the cross-entropy's weight / the factor.
+    total, count = out.averages["ntl"]
+    np.testing.assert_allclose(float(out.per_step["ntl_term"]),
+                               0.7 * float(total) / float(count) * weights.sum() / (lnf or 1.0), rtol=1e-5)
     assert float(out.per_step["ntl_term"]) > 0
 
 
@@ -368,10 +381,11 @@ def test_ntl_metrics_against_numpy(factor):
     weights = np.ones((3, 10)) if weights is None else weights
     was, is_digit = numpy_was(logits, batch["decoder_target_tokens"])
     total = (was * weights).sum()
-    np.testing.assert_allclose(float(out.per_step["ntl_term"]), 0.3 * total / (lnf or 1.0), rtol=2e-5)
+    want_mean = total / weights[is_digit].sum()
+    np.testing.assert_allclose(float(out.per_step["ntl_term"]), 0.3 * want_mean * weights.sum() / (lnf or 1.0),
+                               rtol=2e-5)
     # `ntl`: the mean over the counted positions, whatever the factor.
     per_number_total, per_number_count = out.averages["ntl"]
-    want_mean = total / weights[is_digit].sum()
     np.testing.assert_allclose(float(per_number_total) / float(per_number_count), want_mean, rtol=2e-5)
     np.testing.assert_allclose(float(per_number_count), weights[is_digit].sum(), rtol=1e-6)
 
@@ -463,10 +477,11 @@ def test_zero_ntl_weight_still_logs_ntl():
     assert float(zero.per_step["ntl_term"]) == 0.0
     np.testing.assert_allclose(float(zero.loss), float(zero.per_step["cross_ent_loss"]), rtol=1e-6)
     np.testing.assert_allclose(float(some.loss - zero.loss), float(some.per_step["ntl_term"]), rtol=1e-5)
-    # The term: 0.3 x the NTL sum over the factor (here the count of weighted targets).
+    # The term: 0.3 x the NTL mean x the weight of the targets over the factor, which is
+    # that weight here (NUM_REAL_TARGET_TOKENS): 0.3 x the mean.
     factor = float(some.loss_normalizing_factor)
-    np.testing.assert_allclose(float(some.per_step["ntl_term"]), 0.3 * float(zero.averages["ntl"][0]) / factor,
-                               rtol=1e-5)
+    assert factor == float(np.asarray(batch["decoder_loss_weights"]).sum())
+    np.testing.assert_allclose(float(some.per_step["ntl_term"]), 0.3 * mean(zero), rtol=1e-5)
 
 
 @pytest.mark.parametrize("none", [None, "none"])
@@ -797,7 +812,8 @@ def test_a_loss_of_ones_own_is_the_objective_s(factor, packed):
     weights = np.ones(targets.shape) if weights is None else weights
     sums = (np.where(is_digit, per_position, 0.0) * weights).sum()
     np.testing.assert_allclose(float(total) / float(count), sums / weights[is_digit].sum(), rtol=2e-5)
-    np.testing.assert_allclose(float(out.per_step["ntl_term"]), 0.3 * sums / (lnf or 1.0), rtol=2e-5)
+    np.testing.assert_allclose(float(out.per_step["ntl_term"]),
+                               0.3 * sums / weights[is_digit].sum() * weights.sum() / (lnf or 1.0), rtol=2e-5)
     # The fused head takes it too.
     rng = np.random.default_rng(28)
     hidden = jnp.asarray(rng.normal(size=(3, 10, 5)), jnp.float32)
