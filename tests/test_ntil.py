@@ -118,9 +118,13 @@ def test_added_as_it_is_when_asked():
     options = dict(weights=jnp.asarray(weights), ntl_weight=0.3)
     _, parts = ntl_jax.cross_entropy_and_ntl(jnp.asarray(logits), jnp.asarray(targets), NT,
                                              number_loss="ntil(combine=add)", **options)
-    total = ntl_jax.number_token_loss(jnp.asarray(logits), jnp.asarray(targets), NT, number_loss="ntil",
-                                      weights=jnp.asarray(weights), reduction="sum")
-    np.testing.assert_allclose(float(parts["ntl_term"]), 0.3 * float(total), rtol=1e-6)
+    # Since 0.5.0: 0.3 * NTIL's mean over the sequences with a number (the authors' per sequence,
+    # all but the third) * weight_sum / factor, the factor None (1), weight_sum the real targets'.
+    per_sequence, _ = reference(logits, targets, weights)
+    assert np.all(per_sequence[[0, 1, 3]] > 0) and per_sequence[2] == 0
+    mean = per_sequence[[0, 1, 3]].mean()
+    np.testing.assert_allclose(float(parts["ntl"]), mean, rtol=1e-6)
+    np.testing.assert_allclose(float(parts["ntl_term"]), 0.3 * mean * weights.sum(), rtol=1e-6)
 
 
 def test_no_number_adds_nothing_and_the_gradient_is_ce_alone():

@@ -120,14 +120,20 @@ def test_ntl_dot_takes_a_loss_function_as_ntloss(reweigh, reduction):
     got = run(jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32), jnp.asarray(weights))
     assert float(np.max(np.abs(want))) > 0.1
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
-    # The same function as the objective's number loss: its term is lambda times the
-    # weighted sum (no loss-normalising factor), its `ntl` part the weighted mean.
+    # The same function as the objective's number loss: its `ntl` part the weighted mean
+    # (ntloss's "mean"), its term (since 0.5.0) lambda times that mean times the CE's weight
+    # sum over the factor (None: 1), no longer lambda times the weighted sum.
     if reduction in ("sum", "mean"):
         _, parts = ntl_jax.cross_entropy_and_ntl(
             jnp.asarray(INPUTS["logits"]), jnp.asarray(INPUTS["targets"], jnp.int32), nt,
             weights=jnp.asarray(weights), number_loss=losses.expected_value_loss(_log_cosh, reweigh=reweigh))
-        part, scale = ("ntl_term", 0.3) if reduction == "sum" else ("ntl", 1.0)
-        np.testing.assert_allclose(float(parts[part]), scale * float(want), rtol=1e-5)
+        mean = theirs(torch.from_numpy(INPUTS["logits"]), torch.from_numpy(targets),
+                      loss_weights=torch.from_numpy(weights), reduction="mean").numpy()
+        np.testing.assert_allclose(float(parts["ntl"]), float(mean), rtol=1e-5)
+        if reduction == "sum":
+            assert float(want) != pytest.approx(float(mean) * float(np.sum(weights)), rel=1e-3)
+            np.testing.assert_allclose(float(parts["ntl_term"]), 0.3 * float(mean) * float(np.sum(weights)),
+                                       rtol=1e-5)
 
 
 @pytest.mark.parametrize("max_number_length", [1, 2, 3])

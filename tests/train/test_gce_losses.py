@@ -43,18 +43,21 @@ def test_the_step_trains_on_the_reference_objective(vocabulary, fused_loss, loss
     weights = np.asarray(batch["decoder_loss_weights"], np.float64)
     kind = "was" if loss == "gce" else "was_cdf"
     targets = np.asarray(batch["decoder_target_tokens"])
-    # ntl: the reference's weighted sum over the loss-normalising factor; ntl_mean: its mean.
+    # ntl_mean: the reference's weighted mean over the number targets; ntl: that mean normalised as
+    # CE is (since 0.5.0, mean * weight_sum / factor), here the mean itself, the factor the weights' sum.
     _, ce, ntl, _, ntl_mean = reference(logits, targets, weights, nt, sigma=sigma or 0.0, kind=kind,
                                         factor=weights.sum())
     counted = np.sum(weights * np.isin(targets, np.asarray(nt.ids)))  # the number targets' weights
-    assert counted > 0
-    np.testing.assert_allclose(ntl_mean, ntl * weights.sum() / counted, rtol=1e-12)
+    assert 0 < counted < weights.sum()  # so the old term, lambda * ntl_sum / factor, differs
+    np.testing.assert_allclose(ntl, ntl_mean, rtol=1e-12)
     # float32 sums over 8 rows of O(1) terms (the fused head sums in another order).
     np.testing.assert_allclose(float(metrics["cross_entropy"]), ce, rtol=2e-5)
-    # The logged ntl is the number loss's mean over the number targets; ntl_term what the loss adds.
+    # The logged ntl is the number loss's mean over the number targets; ntl_term what the loss adds:
+    # since 0.5.0, lambda * that mean * weight_sum / factor, the factor here the weights' sum
+    # (NUM_REAL_TARGET_TOKENS), so lambda * the mean (no longer lambda * its sum over the factor).
     np.testing.assert_allclose(float(metrics["ntl"]), ntl_mean, rtol=2e-5)
     weight = 0.0 if loss == "gce" else 0.3  # gce only logs NTL-WAS, as ce does
-    np.testing.assert_allclose(float(metrics["ntl_term"]), weight * ntl, rtol=2e-5, atol=0)
+    np.testing.assert_allclose(float(metrics["ntl_term"]), weight * ntl_mean, rtol=2e-5, atol=0)
     np.testing.assert_allclose(float(metrics["loss"]), float(metrics["cross_entropy"] + metrics["z_loss"])
                                + float(metrics["ntl_term"]), rtol=1e-6)
 

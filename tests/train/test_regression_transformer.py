@@ -326,7 +326,8 @@ def test_train_rt_and_rt_ntl_mse(vocab, trained):
         m = first[loss]
         assert m["train/loss"] == pytest.approx(m["train/cross_entropy"] + m["train/z_loss"] + m["train/ntl_term"],
                                                 rel=1e-6)
-        assert m["train/ntl_term"] == pytest.approx(weight * m["train/ntl"] * m["train/ntl_weight_sum"]
+        # since 0.5.0: lambda * the mean * weight_sum / factor (was: * ntl_weight_sum / factor)
+        assert m["train/ntl_term"] == pytest.approx(weight * m["train/ntl"] * m["train/weight_sum"]
                                                     / m["train/loss_normalizing_factor"], rel=1e-6)
         info = json.load(open(os.path.join(dirs[loss], trainer.FINAL_PARAMS_INFO)))
         assert info["vocabulary"] == trainer.vocabulary_fingerprint(vocab)
@@ -353,10 +354,12 @@ def test_train_rt_and_rt_ntl_mse(vocab, trained):
     m = first["rt+ntl-mse"]
     assert m["train/ntl_weight_sum"] == is_rt.sum() and m["train/weight_sum"] == (targets > 0).sum()
     # float32 network and fused loss: ~1e-6 relative
-    # the mean over the RT number targets; what it adds to the loss, over every real target
-    assert m["train/ntl"] == pytest.approx(np.sum(np.where(is_rt, (yhat - y) ** 2, 0)) / is_rt.sum(), rel=1e-4)
-    assert m["train/ntl_term"] == pytest.approx(0.3 * np.sum(np.where(is_rt, (yhat - y) ** 2, 0)) / (targets > 0).sum(),
-                                                rel=1e-4)
+    # the mean over the RT number targets; what it adds to the loss: lambda * that mean (the
+    # trainer's factor is NUM_REAL_TARGET_TOKENS, the real targets' count, so weight_sum / factor = 1)
+    mse_mean = np.sum(np.where(is_rt, (yhat - y) ** 2, 0)) / is_rt.sum()
+    assert m["train/loss_normalizing_factor"] == (targets > 0).sum()
+    assert m["train/ntl"] == pytest.approx(mse_mean, rel=1e-4)
+    assert m["train/ntl_term"] == pytest.approx(0.3 * mse_mean, rel=1e-4)
 
 
 def _greedy_ids(vocab, run_dir, eval_sets_of):

@@ -95,9 +95,14 @@ def test_ce_and_ntl_losses_differ_only_in_ntl_term(vocabulary):
     _, m_was = was_step(state, batch)
     np.testing.assert_allclose(m_ce["cross_entropy"], m_was["cross_entropy"], rtol=1e-6)
     np.testing.assert_allclose(m_was["loss"] - m_ce["loss"], m_was["ntl_term"], rtol=1e-5)
-    # ntl: the mean NTL-WAS over the number targets; ntl_term: 0.3 times its sum over the factor.
-    np.testing.assert_allclose(m_was["ntl_term"], 0.3 * m_was["ntl"] * m_was["ntl_weight_sum"]
+    # ntl: the mean NTL-WAS over the number targets; ntl_term (since 0.5.0): 0.3 times that mean
+    # times the CE's weight sum over the factor, which under NUM_REAL_TARGET_TOKENS is 0.3 * the mean.
+    weight_sum = float(np.sum(np.asarray(batch["decoder_loss_weights"], np.float64)))
+    assert weight_sum > float(m_was["ntl_weight_sum"]) > 0  # not every target is a number
+    np.testing.assert_allclose(m_was["weight_sum"], weight_sum, rtol=1e-6)
+    np.testing.assert_allclose(m_was["ntl_term"], 0.3 * m_was["ntl"] * weight_sum
                                / m_was["loss_normalizing_factor"], rtol=1e-6)
+    np.testing.assert_allclose(m_was["ntl_term"], 0.3 * m_was["ntl"], rtol=1e-6)
     assert float(m_was["ntl"]) > 0 and float(m_ce["ntl_term"]) == 0
     np.testing.assert_allclose(m_ce["ntl"], m_was["ntl"], rtol=1e-6)  # CE logs the same NTL-WAS
 

@@ -97,11 +97,14 @@ def test_the_trainer_trains_on_ce_plus_ntl_and_logs_its_parts():
     logged = {name: np.asarray(trainer.metrics_logger.get_metric_history("", name, "train")) for name in names}
     assert len(logged["loss"]) == len(logged["ntl"]) == len(logged["ntl_term"]) >= steps - 1
     np.testing.assert_allclose(logged["loss"], logged["cross_entropy"] + logged["ntl_term"], rtol=1e-5)
-    # `ntl` is the mean over the number targets (the answers' digits, not their eos), so
-    # `ntl_term` = 0.3 * ntl * (the batch's share of number targets).
+    # `ntl` is the mean over the number targets (the answers' digits, not their eos); since 0.5.0
+    # `ntl_term` = 0.3 * ntl * weight_sum / factor = 0.3 * ntl under NUM_REAL_TARGET_TOKENS, no
+    # longer scaled by the batch's share of number targets (below 1 here, so the two differ).
     fractions = _number_fractions(batches, numbers)
     assert np.all((fractions > 0.5) & (fractions < 1.0)), fractions
-    np.testing.assert_allclose(logged["ntl_term"], 0.3 * logged["ntl"] * fractions[:len(logged["ntl"])], rtol=1e-5)
+    np.testing.assert_allclose(logged["ntl_term"], 0.3 * logged["ntl"], rtol=1e-5)
+    assert np.all(np.abs(logged["ntl_term"] - 0.3 * logged["ntl"] * fractions[:len(logged["ntl"])])
+                  > 1e-3 * logged["ntl_term"])
     assert logged["loss"][-1] < logged["loss"][0]  # Adam at 3e-3 on a random model: the loss falls
     evaluated = {name: np.asarray(trainer.metrics_logger.get_metric_history("", name, "eval")) for name in names}
     assert len(evaluated["loss"]) == len(evaluated["ntl"]) >= 2  # each evaluation, every 3 steps
