@@ -53,15 +53,14 @@ def number_loss(loss: str):
     return _split(loss)[1]
 
 
-def recorded(loss: str) -> tuple[str, str | None]:
-    """`(name, mean_over)` of a canonical token-head loss: its name without the spec's
-    `mean_over` (runs of ntl_jax 0.4 and before, which normalised every number loss over
-    the targets, recorded their losses so) and its number loss's normalisation. "ce" and
-    "gce": `(loss, None)`."""
+def recorded(loss: str) -> str:
+    """A canonical token-head loss's name without the spec's `mean_over`, as runs of
+    ntl_jax 0.4 and before (which normalised every number loss over the targets)
+    recorded it."""
     if loss in PLAIN:
-        return loss, None
+        return loss
     prefix, value = _split(loss)
-    return prefix + value.shown_without(_losses.MEAN_OVER), value.mean_over
+    return prefix + value.shown_without(_losses.MEAN_OVER)
 
 
 def canonical(loss: str, others: tuple = ()) -> str:

@@ -125,7 +125,7 @@ class TrainConfig:
         d.pop("ntl_mean_over")
         mean_over = self.mean_over()
         if mean_over == "targets" and self.loss == systems.token_loss(self.loss):
-            d["loss"] = loss_names.recorded(self.loss)[0]
+            d["loss"] = loss_names.recorded(self.loss)
         elif mean_over is not None:
             d["ntl_mean_over"] = mean_over
         return d
