@@ -38,6 +38,7 @@ from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.number_stats import NumberReads
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.targets import NumberTarget
+from ntl_jax._core.tile_grad import logits_grad
 
 # Up to this many number tokens a column is compared with each (a search costs more).
 _COMPARED_IDS = 128
@@ -289,21 +290,6 @@ def _local_grads(h, kernel, targets, ids, rest_lse, cotangents, plan: FusedPlan,
 
     carry = (d_h_numbers, jnp.zeros_like(kernel))
     return jax.lax.fori_loop(0, -(-width // chunk), body, carry)
-
-
-def logits_grad(logits, shift, g_rest, g_target, g_sum, is_target, dropped, dtype):
-    """The gradient of the statistics with respect to a tile's float32 logits
-    `[tokens, columns]`, in `dtype` (the logits', as the unfused path rounds it):
-    `g_rest * exp(logit - shift)` (the non-number tokens' log-normaliser), plus
-    `g_target` where `is_target` and `g_sum` everywhere (label smoothing; None: none),
-    zero where `dropped` (the number tokens' columns, whose share the caller adds).
-    The per-token terms are `[tokens, 1]`, `is_target` and `dropped` broadcast to the
-    tile. Both backward passes' (XLA's chunk loop, `fused_pallas`'s kernels)."""
-    d = g_rest * jnp.exp(logits - shift)
-    d += jnp.where(is_target, g_target, 0.0)
-    if g_sum is not None:
-        d += g_sum
-    return jnp.where(dropped, 0.0, d).astype(dtype)
 
 
 def _pallas_grads(h, kernel, local_targets, local_ids, shift, cotangents, with_sum, d_h_numbers,

@@ -11,7 +11,7 @@ a v5e); these kernels keep every tile in VMEM:
   the number tokens' columns take their gradient from `number_columns_grad` instead.
 
 Both recompute the tile's logits from `h` and the kernel, and their gradient as XLA's
-chunk loop does (`fused.logits_grad`), rounded to the operands' dtype before the
+chunk loop does (`tile_grad.logits_grad`), rounded to the operands' dtype before the
 products.
 """
 
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ntl_jax._core.fused import logits_grad
+from ntl_jax._core.tile_grad import logits_grad
 
 # Per-token statistics travel as the columns of one float32 `[tokens, 4]` operand.
 _SHIFT, _G_REST, _G_TARGET, _G_SUM = range(4)
