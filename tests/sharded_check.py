@@ -16,14 +16,14 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P
 
 import ntl_jax  # noqa: E402
-from ntl_jax._core import variants  # noqa: E402
+from ntl_jax._core.number_losses import registry  # noqa: E402
 from tests.grid import long_run  # noqa: E402
 
 PIECES = ["<pad>", "</s>", "."] + list("0123456789") + [f"w{i}" for i in range(19)]  # 32 tokens
 NT = ntl_jax.NumberTokens.from_pieces(PIECES)
-KINDS = list(variants.NAMES)
+KINDS = list(registry.NAMES)
 # NTL's successors (DEL, DIST², SMMD) have no largest value for reweigh to charge: never reweighed.
-REWEIGHABLE = [kind for kind in KINDS if variants.LOSSES[kind]().ceiling is not None]
+REWEIGHABLE = [kind for kind in KINDS if registry.LOSSES[kind]().ceiling is not None]
 # Every variant over batch + vocabulary, reweighed or not in turn (reweigh's number mass is
 # one more sum over the vocabulary, the same for every variant); over the batch alone and
 # the vocabulary alone these two. With pytest --long: every variant
@@ -33,7 +33,7 @@ ON_ONE_AXIS = ("was", "number_level")
 
 def number_loss(kind, reweigh):
     """The shipped loss `kind` at its defaults, reweighed or not."""
-    return variants.LOSSES[kind](reweigh=True) if reweigh else variants.LOSSES[kind]()
+    return registry.LOSSES[kind](reweigh=True) if reweigh else registry.LOSSES[kind]()
 
 
 def objective(logits, targets, weights, kind, reweigh):

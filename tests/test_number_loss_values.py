@@ -163,7 +163,10 @@ def test_specs_are_written_with_the_parameters_off_their_defaults():
 def _unknown(name, spec):
     labels = tuple(loss.label for loss in map(losses.parse, losses.LOSSES) if loss.label)
     return (f"expected a number loss in {tuple(losses.LOSSES)} (or one of their labels {labels}, or 'none'), got "
-            f"{name!r} in the spec {spec!r}; a loss of your own is named once with ntl_jax.losses.register(loss)")
+            f"{name!r} in the spec {spec!r}. For a loss of your own: name the module that holds or registers it, "
+            "'my_package.losses:squared' (any process imports it); register it in this process "
+            "(ntl_jax.losses.register); or install a package naming it as an entry point of the group "
+            "'ntl_jax.losses' (docs/guides/losses.md, 'A loss of your own')")
 
 
 @pytest.mark.parametrize("spec,loss", [
@@ -197,11 +200,14 @@ def test_none_is_no_number_loss():
         ntl_jax.number_token_loss(logits, targets, NT, number_loss="none")
 
 
+EXAMPLE = "expected a spec such as 'was', 'smmd(sigma=2, mode=smooth)' or 'my_package.losses:squared(scale=2)', got"
+
+
 @pytest.mark.parametrize("spec,message", [
-    ("was(", "expected a spec such as 'was' or 'smmd(sigma=2, mode=smooth)', got 'was('"),
-    ("", "expected a spec such as 'was' or 'smmd(sigma=2, mode=smooth)', got ''"),
-    ("(was)", "expected a spec such as 'was' or 'smmd(sigma=2, mode=smooth)', got '(was)'"),
-    ("was(squash_factor=2.0) x", "expected a spec such as 'was' or 'smmd(sigma=2, mode=smooth)', got "
+    ("was(", EXAMPLE + " 'was('"),
+    ("", EXAMPLE + " ''"),
+    ("(was)", EXAMPLE + " '(was)'"),
+    ("was(squash_factor=2.0) x", EXAMPLE + " "
                                  "'was(squash_factor=2.0) x'"),
     ("was(squash_factor)", "number loss 'was': expected param=value in the spec 'was(squash_factor)', got "
                            "'squash_factor'"),
@@ -242,14 +248,15 @@ def test_parse_refuses_what_it_cannot_read_naming_the_loss_and_the_parameter(spe
 
 
 def test_parse_and_resolve_take_strings_and_values_only():
-    with pytest.raises(TypeError, match=r"expected a spec such as 'was' or 'smmd\(sigma=2, mode=smooth\)', got "
+    with pytest.raises(TypeError, match=r"expected a spec such as 'was', 'smmd\(sigma=2, mode=smooth\)' or "
+                                        r"'my_package.losses:squared\(scale=2\)', got "
                                         r"NoneType None"):
         losses.parse(None)
     with pytest.raises(TypeError, match=r"expected number_loss a NumberLoss or a spec string, got the function "
                                         r".*ntl_jax.losses.expected_value_loss\(fn\)"):
         losses.resolve(jnp.subtract)
     with pytest.raises(TypeError, match=r"expected number_loss a NumberLoss \(ntl_jax.losses\), a spec such as "
-                                        r"'was' .*, or None; got int 3"):
+                                        r"'was', .*, or None; got int 3"):
         ntl_jax.cross_entropy_and_ntl(jnp.zeros((1, 1, len(PIECES))), jnp.zeros((1, 1), jnp.int32), NT,
                                       number_loss=3)
 

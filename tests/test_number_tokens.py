@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ntl_jax import NumberTokens, losses, number_token_loss
-from ntl_jax._core.variants import squash_distances
+from ntl_jax._core.number_tokens import squash_distances
 
 PIECES = ["<pad>", "</s>", "12", "-1", "3.5", "07", "▁4", "nan", "inf", "4", ".", "x", "1e3", " 5"]
 

@@ -3,7 +3,7 @@ import pathlib
 import subprocess
 import sys
 
-from ntl_jax._core import variants
+from ntl_jax._core.number_losses import registry
 from tests.grid import long_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ def test_sharded_on_batch_and_vocab_equals_unsharded(request):
     # Every variant over batch + vocabulary, reweighed or not in turn; over the batch
     # alone and the vocabulary alone two variants (with --long: every one, each with and
     # without reweigh where it takes reweigh: DEL and DIST² do not).
-    kinds = len(variants.NAMES)
-    reweighable = sum(variants.LOSSES[name]().ceiling is not None for name in variants.NAMES)
+    kinds = len(registry.NAMES)
+    reweighable = sum(registry.LOSSES[name]().ceiling is not None for name in registry.NAMES)
     checked = 3 * (kinds + reweighable) if long else kinds + 2 * 2
     assert f"sharded == unsharded for {checked} layouts x variants" in result.stdout

@@ -17,7 +17,8 @@ from jax.test_util import check_grads
 
 import ntl_jax
 from ntl_jax import NumberTokens, losses
-from ntl_jax._core import digit_runs, variants
+from ntl_jax._core import digit_runs
+from ntl_jax._core.number_losses import smmd
 from ntl_jax._core.number_stats import FORMULATIONS, with_formulation
 from ntl_jax._core.targets import number_target
 from tests import number_loss_references as ref
@@ -339,7 +340,7 @@ def test_smmd_reference_is_the_quadratic_forms_written_out():
 
 
 def test_smmd_support_and_kernel_of_a_multi_digit_table():
-    support, kernel, alpha = variants.smmd_kernel(LLAMA)
+    support, kernel, alpha = smmd.smmd_kernel(LLAMA)
     values = np.asarray(LLAMA.number_values)
     assert sorted(values[np.asarray(support)].tolist()) == list(range(1000))  # "07", "00", "1000", "-1", "3.5" not
     assert not np.any(np.asarray(kernel)[~np.asarray(support)])
@@ -348,7 +349,7 @@ def test_smmd_support_and_kernel_of_a_multi_digit_table():
     np.testing.assert_allclose(np.asarray(kernel)[np.ix_(order, order)], want, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(float(alpha), 0.5 / want.sum(axis=1).mean(), rtol=1e-6)
     # On digits squashing to [1, 9] changes nothing: K_ij = exp(-(i - j)^2 / 8).
-    support, kernel, alpha = variants.smmd_kernel(DIGITS)
+    support, kernel, alpha = smmd.smmd_kernel(DIGITS)
     digits = np.asarray(DIGITS.number_values)
     np.testing.assert_allclose(np.asarray(kernel), np.exp(-(digits[:, None] - digits[None, :]) ** 2 / 8), rtol=1e-6)
 

@@ -15,6 +15,7 @@ from ntl_jax._core.losses import (
     number_token_loss,
     predict_numbers,
 )
+from ntl_jax._core.number_losses.number_loss import NumberLoss
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import (
     cross_entropy_and_ntl,
@@ -23,7 +24,6 @@ from ntl_jax._core.objective import (
     ntl_mean,
 )
 from ntl_jax._core.tokenizer_pieces import tokenizer_pieces, vocabulary_pieces
-from ntl_jax._core.variants import NumberLoss
 
 __all__ = [
     "NumberLoss",

@@ -12,36 +12,35 @@ A loss of your own is one line (`expectation("squared", lambda v, y: (v - y) ** 
 `register`ed it goes everywhere a shipped one does, spec strings included.
 """
 
-from ntl_jax._core.number_stats import Columns, NumberReads, NumberStats, expected_value, of_logits
-from ntl_jax._core.targets import NumberTarget
-from ntl_jax._core.variants import (
+from ntl_jax._core.number_losses.ntl import distance_table, expectation, expected_value_loss, of_expected_value
+from ntl_jax._core.number_losses.number_loss import (
     COMBINES,
     DEFAULT,
     DEFAULT_WEIGHT,
     LOSSES,
     MEAN_OVER,
     MEAN_OVERS,
-    NAMES,
     NumberLoss,
+    with_mean_over,
+)
+from ntl_jax._core.number_losses.registry import (  # the shipped losses' constructors, as the registry has them
+    NAMES,
     digit_entropy,
     dist2,
-    distance_table,
-    expectation,
-    expected_value_loss,
     huber,
     mae,
     mse,
     ntil,
     number_level,
-    of_expected_value,
     parse,
     register,
     resolve,
     smmd,
     was,
     was_cdf,
-    with_mean_over,
 )
+from ntl_jax._core.number_stats import Columns, NumberReads, NumberStats, expected_value, of_logits
+from ntl_jax._core.targets import NumberTarget
 
 __all__ = [
     "COMBINES",

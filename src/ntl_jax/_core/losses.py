@@ -25,18 +25,19 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from ntl_jax._core import checks, digit_runs, head_stats, number_stats, pipeline, variants
+from ntl_jax._core import checks, digit_runs, head_stats, number_stats, pipeline
 from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.migration import refuses_old_keywords
+from ntl_jax._core.number_losses import ntl, registry
+from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss
 from ntl_jax._core.number_stats import NumberReads, expected_value
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.targets import number_target
-from ntl_jax._core.variants import DEFAULT, NumberLoss
 
 Reduction = Literal["none", "sum", "mean"]
 _EPS = float(jnp.finfo(jnp.float32).eps)
 # ntloss's `loss_function`s by name.
-_LOSS_FUNCTIONS = {"mse": variants.mse, "mae": variants.mae, "huber": variants.huber}
+_LOSS_FUNCTIONS = {"mse": ntl.mse, "mae": ntl.mae, "huber": ntl.huber}
 
 
 def reduce_loss(loss, counted, weights, reduction: str):
@@ -65,7 +66,7 @@ def number_token_loss(
 
     At a number target with value `y`, `p = softmax(z)` over the number tokens' logits
     `z`: NTL-WAS `sum_j p_j |v_j - y|`, NTL-MSE `(sum_j p_j v_j - y)^2`, ... each written
-    beside its reference in `ntl_jax/_core/variants.py` (docs/guides/losses.md).
+    beside its reference in `ntl_jax/_core/ntl.py` (docs/guides/losses.md).
 
     Args:
       logits: `[batch, length, vocab]` floating.
@@ -140,7 +141,7 @@ def ntl_from_number_logits(
 
 
 def _required(number_loss) -> NumberLoss:
-    resolved = variants.resolve(number_loss)
+    resolved = registry.resolve(number_loss)
     if resolved is None:
         raise ValueError(f"expected number_loss a NumberLoss or a spec of one, got {number_loss!r}")
     return resolved
@@ -175,7 +176,7 @@ def ntl_was(
       1.0
     """
     return number_token_loss(logits, targets, number_tokens, weights=weights, reduction=reduction,
-                             number_loss=variants.was(squash_factor=squash_factor, reweigh=reweigh))
+                             number_loss=ntl.was(squash_factor=squash_factor, reweigh=reweigh))
 
 
 @refuses_old_keywords(new_forms={"ntl_kind": "loss_function= ('mse', 'mae', 'huber' or a function), ntloss's name"},
@@ -208,7 +209,7 @@ def ntl_dot(
                              f"-> loss, got {loss_function!r}")
         number_loss = _LOSS_FUNCTIONS[loss_function](reweigh=reweigh)
     elif callable(loss_function):
-        number_loss = variants.expected_value_loss(loss_function, reweigh=reweigh)
+        number_loss = ntl.expected_value_loss(loss_function, reweigh=reweigh)
     else:
         raise ValueError(f"expected loss_function in {tuple(_LOSS_FUNCTIONS)} or a function (prediction, target) -> "
                          f"loss, got {loss_function!r}")
@@ -243,7 +244,7 @@ def number_level_loss(
       >>> round(float(number_level_loss(logits, jnp.array([[2, 3, 0]]), nt, reduction="sum")), 4)
       0.2727
     """
-    number_loss = variants.number_level(float_level=float_level, max_number_length=max_number_length,
+    number_loss = ntl.number_level(float_level=float_level, max_number_length=max_number_length,
                                         reweigh=reweigh)
     return number_token_loss(logits, targets, number_tokens, weights=weights, reduction=reduction,
                              number_loss=number_loss)

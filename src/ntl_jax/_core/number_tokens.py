@@ -11,6 +11,7 @@ therefore works on traced values too.
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import Any, Sequence
 
 import jax
@@ -278,11 +279,24 @@ class NumberTokens:
         return jnp.asarray(np.asarray(table)[np.asarray(self.ids)], dtype)
 
     def distance_table(self, squash_factor: float | None = None) -> jax.Array:
-        """`[N, N]` float32 table of |v_i - v_j| (ntloss's `dist_lookup`), squashed with
-        `squash_factor` as `ntl_jax.losses.was` charges it (`ntl_jax.losses.distance_table`)."""
-        from ntl_jax._core import variants  # the losses' module reads this one
+        """`[N, N]` float32 costs of predicting number token j for target token i: `|v_i -
+        v_j|` (ntloss's `dist_lookup`), or with `squash_factor` (> 1) its squashed form, as
+        `ntl_jax.losses.was(squash_factor=...)` charges them.
 
-        return variants.distance_table(self, squash_factor=squash_factor)
+        Raises:
+          TypeError: for a `squash_factor` that is not a Python number.
+          ValueError: for a `squash_factor` not finite and > 1, or a table without three
+            distinct values to squash.
+        """
+        if squash_factor is not None:
+            if isinstance(squash_factor, (bool, np.bool_)) or not isinstance(squash_factor, Real):
+                raise TypeError(f"number loss 'was': expected squash_factor to be a Python number, "
+                                f"got {type(squash_factor).__name__} {squash_factor!r}")
+            if not math.isfinite(squash_factor) or squash_factor <= 1:
+                raise ValueError(f"number loss 'was': expected squash_factor finite and > 1, got {squash_factor!r}")
+            check_squashable(self)
+        v = jnp.asarray(self.number_values, jnp.float32)
+        return squash_distances(self, jnp.abs(v[:, None] - v[None, :]), squash_factor)
 
     def __repr__(self) -> str:
         return (
@@ -290,3 +304,37 @@ class NumberTokens:
             f"dot_id={self.dot_id}"
             + (")" if self._formulation == "auto" else f", formulation={self._formulation!r})")
         )
+
+
+# -- Distances between the number tokens' values (NTL-WAS's costs) -----------------------
+
+
+def squash_distances(number_tokens: NumberTokens, distances, squash_factor: float | None):
+    """Maps |v_i - v_j| distances (any shape) to their squashed costs: off-diagonal
+    distances linearly, so the table's closest wrong token costs 1 and its farthest
+    `squash_factor`; a zero distance stays 0. None leaves them as they are."""
+    if squash_factor is None:
+        return distances
+    v = jnp.asarray(number_tokens.number_values, jnp.float32)
+    table = jnp.abs(v[:, None] - v[None, :])
+    closest = jnp.min(jnp.where(table == 0, jnp.finfo(jnp.float32).max, table))
+    spread = jnp.max(table) - closest
+    # A traced table with fewer than three distinct values: every wrong token costs 1.
+    scale = jnp.where(spread > 0, (squash_factor - 1.0) / jnp.where(spread > 0, spread, 1.0), 0.0)
+    return jnp.where(distances == 0, 0.0, 1.0 + (distances - closest) * scale)
+
+
+def check_squashable(number_tokens: NumberTokens) -> None:
+    """Raises ValueError unless a concrete table has three distinct values: squashing maps
+    the closest wrong distance to 1 and the farthest to `squash_factor`."""
+    if is_traced(number_tokens.number_values):
+        return
+    values = np.asarray(number_tokens.number_values, np.float64)
+    distinct, counts = np.unique(values, return_counts=True)
+    if len(distinct) >= 3:
+        return
+    duplicated = [float(d) for d, c in zip(distinct, counts) if c > 1]
+    dup = f"; value(s) {duplicated} appear on more than one token" if duplicated else ""
+    raise ValueError(
+        "number loss 'was': expected number tokens with at least 3 distinct values for squash_factor (the "
+        f"closest and farthest wrong tokens must differ), got values {[float(x) for x in values]}{dup}")

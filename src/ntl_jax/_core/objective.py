@@ -16,9 +16,9 @@ from jax.typing import ArrayLike
 from ntl_jax._core import checks, cross_entropy, fused, fused_plan, head_stats, normalization, pipeline, vocab_parallel
 from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.migration import refuses_old_keywords
+from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.options import Options
-from ntl_jax._core.variants import DEFAULT, NumberLoss
 
 
 @refuses_old_keywords

@@ -2,7 +2,7 @@
 
 `cross_entropy_and_ntl`, `fused_cross_entropy_and_ntl` and the T5X models take these as
 keyword arguments and build one `Options`; everything below them reads the record. The
-number loss is one value (`variants.NumberLoss`) that holds and checks its own
+number loss is one value (`NumberLoss`) that holds and checks its own
 parameters; the rest are the cross-entropy's and the weight between the two.
 """
 
@@ -11,15 +11,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ntl_jax._core import checks, variants
-from ntl_jax._core.variants import DEFAULT
+from ntl_jax._core import checks
+from ntl_jax._core.number_losses import registry
+from ntl_jax._core.number_losses.number_loss import DEFAULT, weight_of
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
     """The objective's options; making one raises `ValueError`/`TypeError` for a bad one.
 
-    - `number_loss`: a `variants.NumberLoss`, a spec string (`"was"`,
+    - `number_loss`: a `NumberLoss`, a spec string (`"was"`,
       `"smmd(sigma=2)"`), or None / `"none"` (cross-entropy alone, no number loss
       computed); held resolved;
     - `ntl_weight`: lambda, the number loss's weight (>= 0); None: the loss's own
@@ -36,8 +37,8 @@ class Options:
     gce_sigma: float = 0.0
 
     def __post_init__(self):
-        object.__setattr__(self, "number_loss", variants.resolve(self.number_loss))
-        object.__setattr__(self, "ntl_weight", variants.weight_of(self.number_loss, self.ntl_weight))
+        object.__setattr__(self, "number_loss", registry.resolve(self.number_loss))
+        object.__setattr__(self, "ntl_weight", weight_of(self.number_loss, self.ntl_weight))
         checks.check_real("ntl_weight", self.ntl_weight, low=0.0)
         checks.check_real("label_smoothing", self.label_smoothing, low=0.0, high=1.0)
         checks.check_real("z_loss", self.z_loss, low=0.0)

@@ -5,7 +5,7 @@ the T5X models' loss.
 Check (the table against the loss, the factor, the packing) -> weights and the
 loss-normalising factor (`normalization`) -> the labels (`targets`) -> the head's
 statistics (the caller's `head_of`: from the logits, the hidden states or the number
-tokens' logits) -> the number loss (`variants.NumberLoss`). The caller checks its own
+tokens' logits) -> the number loss (`NumberLoss`). The caller checks its own
 arrays first, and reduces or assembles the objective after.
 """
 
@@ -18,10 +18,10 @@ import jax.numpy as jnp
 
 from ntl_jax._core import checks, cross_entropy, normalization, number_stats
 from ntl_jax._core.head_stats import HeadStats
+from ntl_jax._core.number_losses.number_loss import NumberLoss
 from ntl_jax._core.number_stats import NumberReads, expected_value
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.targets import NumberTarget, number_target
-from ntl_jax._core.variants import NumberLoss
 
 
 class Pass(NamedTuple):

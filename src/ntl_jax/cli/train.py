@@ -198,7 +198,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss", type=system, default=loss_names.DEFAULT, metavar="LOSS",
                         help="ce: cross-entropy only; a number loss of ntl_jax.losses, "
                              f"{', '.join(NUMBER_LOSSES)}: CE + lambda * it, its parameters in parentheses as in "
-                             "its spec (ntl_jax.losses.parse), e.g. 'smmd(mode=mmd)'; gce, gce+<number loss>: the "
+                             "its spec (ntl_jax.losses.parse), e.g. 'smmd(mode=mmd)'; a loss of your own as "
+                             "'module:name(...)', the module that holds or registers it (importable here: on "
+                             "PYTHONPATH or installed), or by its name where a package names it as an entry point; "
+                             "gce, gce+<number loss>: the "
                              "same with the Gaussian-smoothed cross-entropy (--gce-sigma); "
                              "regression-head: the encoder's mean-pooled output -> a linear layer, "
                              "MSE on sign(x) log1p(|x|) of the answer x (a baseline); "

@@ -29,10 +29,10 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from ntl_jax._core import variants
 from ntl_jax._core.checks import check_real
+from ntl_jax._core.number_losses import registry
+from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss, weight_of
 from ntl_jax._core.objective import cross_entropy_and_ntl
-from ntl_jax._core.variants import DEFAULT, NumberLoss
 from ntl_jax.keras import labels
 from ntl_jax.keras.backend import require_jax_backend
 from ntl_jax.keras.tokens import number_tokens_config, resolve_number_tokens
@@ -95,8 +95,8 @@ class NumberTokenLoss(keras.losses.Loss):
             )
         super().__init__(name=name, reduction=reduction, dtype=dtype)
         self.number_tokens = resolve_number_tokens(number_tokens)
-        self.number_loss = variants.resolve(number_loss)  # a bad spec fails here, not in fit
-        ntl_weight = variants.weight_of(self.number_loss, ntl_weight)
+        self.number_loss = registry.resolve(number_loss)  # a bad spec fails here, not in fit
+        ntl_weight = weight_of(self.number_loss, ntl_weight)
         check_real("ntl_weight", ntl_weight, low=0.0)
         if ignore_class is not None and (isinstance(ignore_class, bool) or not isinstance(ignore_class, int)):
             raise TypeError(f"expected ignore_class an int or None, got {ignore_class!r}")

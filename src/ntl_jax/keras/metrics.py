@@ -22,10 +22,10 @@ from typing import Any
 import jax.numpy as jnp
 import keras
 
-from ntl_jax._core import variants
 from ntl_jax._core.losses import predict_numbers
+from ntl_jax._core.number_losses import registry
+from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss
 from ntl_jax._core.objective import cross_entropy_and_ntl, ntl_mean
-from ntl_jax._core.variants import DEFAULT, NumberLoss
 from ntl_jax.keras import labels
 from ntl_jax.keras.backend import require_jax_backend
 from ntl_jax.keras.loss import number_loss_spec
@@ -90,7 +90,7 @@ class NumberTokenLossMetric(_NumberTargetMean):
 
     def __init__(self, number_tokens: Any, *, number_loss: NumberLoss | str = DEFAULT, name: str = "ntl", dtype=None):
         super().__init__(number_tokens, name=name, dtype=dtype)
-        self.number_loss = variants.resolve(number_loss)
+        self.number_loss = registry.resolve(number_loss)
         if self.number_loss is None:
             raise ValueError("expected a number loss to show, got None")
 

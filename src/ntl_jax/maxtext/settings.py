@@ -8,8 +8,8 @@ import dataclasses
 import math
 from typing import Sequence
 
-from ntl_jax._core import variants
-from ntl_jax._core.variants import DEFAULT
+from ntl_jax._core.number_losses import registry
+from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss, weight_of
 
 PREFIX = "ntl_"
 NUMBER_LOSS_KEY = "ntl_number_loss"
@@ -35,7 +35,7 @@ class NumberLossSettings:
     """
 
     weight: float | None = None
-    number_loss: variants.NumberLoss | str | None = DEFAULT
+    number_loss: NumberLoss | str | None = DEFAULT
     digit_level: bool = True
     prefixed_numbers: bool = False
 
@@ -44,11 +44,11 @@ class NumberLossSettings:
                                         or not math.isfinite(self.weight) or self.weight < 0):
             raise ValueError(f"expected ntl_weight to be a finite number >= 0, got {self.weight!r}")
         try:
-            number_loss = variants.resolve(self.number_loss, NUMBER_LOSS_KEY)
+            number_loss = registry.resolve(self.number_loss, NUMBER_LOSS_KEY)
         except ValueError as error:
             raise ValueError(f"{NUMBER_LOSS_KEY}={self.number_loss!r}: {error}") from None
         object.__setattr__(self, "number_loss", number_loss)
-        object.__setattr__(self, "weight", variants.weight_of(number_loss, self.weight))
+        object.__setattr__(self, "weight", weight_of(number_loss, self.weight))
         for name in ("digit_level", "prefixed_numbers"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"expected ntl_{name} to be true or false, got {getattr(self, name)!r}")
@@ -82,11 +82,11 @@ def _old_parameter(key: str) -> tuple[str, str] | None:
     """`(loss, parameter)` for a key of 0.2 that set one loss's parameter: `ntl_<parameter>`
     or `ntl_<loss>_<parameter>`, a parameter of a shipped loss; else None."""
     word = key[len(PREFIX):]
-    for name in variants.NAMES:
-        if word.startswith(name + "_") and word[len(name) + 1:] in variants.parameters(name):
+    for name in registry.NAMES:
+        if word.startswith(name + "_") and word[len(name) + 1:] in registry.parameters(name):
             return name, word[len(name) + 1:]
-    for name in variants.NAMES:
-        if word in variants.parameters(name):
+    for name in registry.NAMES:
+        if word in registry.parameters(name):
             return name, word
     return None
 

@@ -44,8 +44,9 @@ import types
 import jax
 import jax.numpy as jnp
 
-from ntl_jax._core import pipeline, variants
+from ntl_jax._core import pipeline
 from ntl_jax._core.losses import number_token_loss
+from ntl_jax._core.number_losses.number_loss import NumberLoss
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax.maxtext import step
 from ntl_jax.maxtext.settings import NumberLossSettings
@@ -67,7 +68,7 @@ class Tiles:
 _MARKER: contextvars.ContextVar = contextvars.ContextVar("ntl_jax.maxtext.tiles.marker", default=None)
 
 
-def reads_one_position(number_loss: variants.NumberLoss) -> bool:
+def reads_one_position(number_loss: NumberLoss) -> bool:
     """Whether `number_loss` at a position reads that position's target alone
     (`NumberLoss.across_positions`): else its tiles must hold whole sequences."""
     return not number_loss.across_positions

@@ -32,11 +32,12 @@ import numpy as np
 from ntl_jax._core import checks, fused, fused_plan, head_stats, normalization, objective, pipeline, vocab_parallel
 from ntl_jax._core.losses import predict_numbers
 from ntl_jax._core.migration import check_no_old_keywords
+from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss
+from ntl_jax._core.number_losses.registry import NONE
 from ntl_jax._core.number_stats import expected_value
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.options import Options
 from ntl_jax._core.targets import number_target
-from ntl_jax._core.variants import DEFAULT, NONE, NumberLoss
 from ntl_jax.flax import _linen
 
 
@@ -220,7 +221,7 @@ def model_loss_from_hidden(
     columns: vocabulary-parallel, each device streams its own columns and the kernel
     is never gathered (`fused_cross_entropy_and_ntl`'s `vocab_axis`; the mesh's
     other axes shard the batch). `device_kind`: the chip it is compiled for, as
-    `fused_cross_entropy_and_ntl`'s (None: the default backend's)."""
+    `fused_cross_entropy_and_ntl`'s (None: the platform it is lowered for decides)."""
     targets = batch["decoder_target_tokens"]
     weights = checks.check_hidden_and_kernel(hidden, kernel, targets, number_tokens,
                                              batch.get("decoder_loss_weights"), chunk_size)
@@ -431,8 +432,9 @@ class NTLLossMixin:
 
     @property
     def fused_device_kind(self) -> Optional[str]:
-        """The chip the fused loss is compiled for (a `jax.Device.device_kind`), None for
-        the default backend's."""
+        """The chip the fused loss is compiled for (a `jax.Device.device_kind`), None where
+        the platform it is lowered for decides (a TPU's program with a v5e's chunk on a
+        TPU)."""
         return self._fused_device_kind
 
     def compiled_for(self, device_kind: str):

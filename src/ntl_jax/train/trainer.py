@@ -16,9 +16,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from ntl_jax._core.number_losses.number_loss import MEAN_OVERS
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import ntl_mean
-from ntl_jax._core.variants import MEAN_OVERS
 from ntl_jax.train import data as data_lib
 from ntl_jax.train import loss_names, network, optim, systems
 from ntl_jax.train import step as step_lib

@@ -14,11 +14,11 @@ from typing import Callable
 import jax
 from flax import nnx
 
-from ntl_jax._core import variants
 from ntl_jax._core.migration import refuses_old_keywords
+from ntl_jax._core.number_losses import registry
+from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import cross_entropy_and_ntl, fused_cross_entropy_and_ntl
-from ntl_jax._core.variants import DEFAULT, NumberLoss
 from ntl_jax.tunix.heads import hidden_states_and_kernel
 
 # Tunix's cross-entropy divides by the number of targets its mask keeps.
@@ -54,7 +54,7 @@ def number_token_loss_fn(number_tokens: NumberTokens, *, number_loss: NumberLoss
     if not isinstance(number_tokens, NumberTokens):
         raise TypeError(f"expected NumberTokens (ntl_jax.tunix.number_tokens(tokenizer)), "
                         f"got {type(number_tokens).__name__}")
-    variants.resolve(number_loss)  # a bad spec fails here, not at the first training step
+    registry.resolve(number_loss)  # a bad spec fails here, not at the first training step
     objective = dict(options, number_loss=number_loss, ntl_weight=ntl_weight,
                      loss_normalizing_factor=LOSS_NORMALIZING_FACTOR)
 

@@ -8,9 +8,9 @@ import numpy as np
 from tunix.sft import peft_trainer
 
 from ntl_jax._core.migration import check_no_old_keywords
+from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import ntl_mean
-from ntl_jax._core.variants import DEFAULT, NumberLoss
 from ntl_jax.tunix.loss import AVERAGED_PARTS, number_token_loss_fn
 
 
