@@ -118,4 +118,7 @@ def test_ignore_class_counts_for_nothing(batch):
     _, tokenizer, logits, y, sample_weight = batch
     marked = jnp.where(sample_weight, y, -100)
     ours = ntl_keras.NumberTokenLoss(tokenizer, ignore_class=-100)(marked, logits)
-    np.testing.assert_allclose(ours, ntl_keras.NumberTokenLoss(tokenizer)(y, logits, sample_weight), rtol=1e-6)
+    # As Keras's sparse cross-entropy, an ignored label is masked: the default reduction
+    # divides by the labels kept, here the sum of the 0/1 padding mask.
+    weighted = ntl_keras.NumberTokenLoss(tokenizer, reduction="mean_with_sample_weight")
+    np.testing.assert_allclose(ours, weighted(y, logits, sample_weight), rtol=1e-6)

@@ -20,7 +20,7 @@ from keras import ops
 from ntl_jax._core.objective import fused_cross_entropy_and_ntl
 from ntl_jax.keras import labels
 from ntl_jax.keras.backend import require_jax_backend
-from ntl_jax.keras.loss import NumberTokenLoss, loss_normalizing_factor
+from ntl_jax.keras.loss import NumberTokenLoss, weights_and_factor
 from ntl_jax.keras.metrics import NumberLossMean
 
 
@@ -81,13 +81,13 @@ class FusedNumberTokenLossModel(keras.Model):
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         loss_fn = self.number_token_loss
+        mask = labels.keras_mask(y, y_pred, loss_fn.ignore_class)  # as NumberTokenLoss reads it
         targets, weights = labels.token_ids(y, sample_weight, loss_fn.ignore_class)
+        weights, factor = weights_and_factor(loss_fn.reduction, weights, sample_weight, mask)
         kernel = output_kernel(self.causal_lm.backbone)
         loss, parts = fused_cross_entropy_and_ntl(
             y_pred, kernel, targets, loss_fn.number_tokens, weights=weights, chunk_size=self.chunk_size,
-            device_kind=self.device_kind,
-            loss_normalizing_factor=loss_normalizing_factor(loss_fn.reduction, targets.shape, sample_weight),
-            **loss_fn.objective_options())
+            device_kind=self.device_kind, loss_normalizing_factor=factor, **loss_fn.objective_options())
         loss = labels.checked(loss, targets, ops.shape(kernel)[1])
         if loss_fn.number_loss is not None:
             self.ntl_tracker.update_state(parts["ntl_sum"], parts["ntl_weight_sum"])

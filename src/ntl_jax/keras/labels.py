@@ -7,12 +7,17 @@ callback raises the same kind of `ValueError` when the step runs (JAX reports it
 `JaxRuntimeError` whose message holds it, and `fit` stops), and the loss is NaN in that
 step, so that no value smaller than the true loss is ever returned, even where host
 callbacks do not run.
+
+`keras_mask` reads the mask Keras attaches to the predictions (an `Embedding` with
+`mask_zero=True`, a `Masking` layer), which `keras.losses.Loss.__call__` and Keras's
+metrics read the same way.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from keras.src.backend import get_keras_mask
 
 from ntl_jax._core.checks import check_targets
 from ntl_jax._core.compat import is_traced
@@ -47,6 +52,28 @@ def token_ids(y_true, sample_weight, ignore_class: int | None):
         weights = jnp.where(ignored, 0.0, weights)
         targets = jnp.where(ignored, 0, targets)
     return targets, weights
+
+
+def keras_mask(y_true, y_pred, ignore_class: int | None = None):
+    """The mask Keras reduces a loss under, bool `[batch, length]`, or None where there is
+    none: the one Keras attached to `y_pred` (`[batch, length]` or `[batch, length, 1]`),
+    and with `ignore_class` the labels that are not it (as Keras's sparse cross-entropy
+    masks its output), both where both are given (`keras.losses.Loss.__call__`)."""
+    ids = jnp.asarray(y_true)
+    if ids.ndim == 3 and ids.shape[-1] == 1:
+        ids = ids[..., 0]
+    mask = get_keras_mask(y_pred)
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        if mask.ndim == 3 and mask.shape[-1] == 1:
+            mask = mask[..., 0]
+        if mask.shape != ids.shape:
+            raise ValueError(f"expected the predictions' Keras mask of shape {ids.shape} (as y_true), got {mask.shape}")
+        mask = mask.astype(bool)
+    if ignore_class is not None:
+        kept = ids != ignore_class
+        mask = kept if mask is None else mask & kept
+    return mask
 
 
 def checked(loss, targets, vocab_size: int):

@@ -17,6 +17,17 @@ So with `ntl_weight=0` it is Keras's `SparseCategoricalCrossentropy(from_logits=
 under the same reduction, and the number loss's term stands to that cross-entropy as its
 authors' term stands to CE's mean over the tokens (the objective's rule: `ntl_weight` x
 the loss's mean over the positions it counts x the weights' sum / the divisor).
+A mask that Keras attaches to the logits (an `Embedding` with `mask_zero=True`, a
+`Masking` layer) and, with `ignore_class`, the labels that are not that class are merged
+with `sample_weight` as Keras's own losses merge them (`keras.losses.Loss.__call__`):
+a masked position weighs 0, and the divisor counts only what the mask keeps:
+
+| `reduction` | with a mask, divides the weighted sum by |
+|---|---|
+| `"sum_over_batch_size"`, `"mean"` | the positions the mask keeps, whatever their weights |
+| `"mean_with_sample_weight"` | the sum of the weights at the positions the mask keeps |
+| `"sum"` | 1 |
+
 `reduction=None`/`"none"` is refused: the number-level losses read whole numbers across
 positions, so the loss has no per-token form.
 """
@@ -47,6 +58,23 @@ def loss_normalizing_factor(reduction: str, targets_shape, sample_weight) -> Any
     if reduction == "mean_with_sample_weight" and sample_weight is not None:
         return "NUM_REAL_TARGET_TOKENS"
     return float(np.prod(targets_shape))
+
+
+def weights_and_factor(reduction: str, weights, sample_weight, mask) -> tuple[Any, Any]:
+    """`(weights, loss_normalizing_factor)` for the objective: `weights`
+    (`labels.token_ids`') 0 where `mask` (`labels.keras_mask`; None: no mask) is False,
+    and the factor that divides as Keras's `reduction` does with that mask
+    (`keras.src.losses.loss.apply_mask`, `reduce_weighted_values`)."""
+    if mask is None:
+        return weights, loss_normalizing_factor(reduction, weights.shape, sample_weight)
+    weights = jnp.where(mask, weights, 0.0)
+    if reduction == "sum":
+        return weights, None
+    if reduction == "mean_with_sample_weight":
+        return weights, "NUM_REAL_TARGET_TOKENS"
+    # Keras weighs each kept position total / kept and divides by total: a division by
+    # the count kept. None kept: every weight is 0, so the loss is 0, as Keras's.
+    return weights, jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
 
 
 def number_loss_spec(number_loss: NumberLoss | None) -> str | None:
@@ -108,7 +136,8 @@ class NumberTokenLoss(keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         # Keras's Loss.__call__ would cast the token ids and the (bf16) logits to float32
-        # first, a full copy of the logits: the objective reads them as they are.
+        # first, a full copy of the logits: the objective reads them as they are, and
+        # `loss_and_parts` reads the mask as Keras's Loss.__call__ does.
         loss, _ = self.loss_and_parts(y_true, y_pred, sample_weight)
         return loss
 
@@ -117,10 +146,12 @@ class NumberTokenLoss(keras.losses.Loss):
 
     def loss_and_parts(self, y_true, y_pred, sample_weight=None):
         """`(loss, parts)`: the loss Keras reduces to, and the objective's parts
-        (`parts["ntl"]`, the number loss's mean over the number targets, ...)."""
+        (`parts["ntl"]`, the number loss's mean over the number targets, ...), with
+        the mask Keras attached to `y_pred` merged with `sample_weight` as Keras does."""
+        mask = labels.keras_mask(y_true, y_pred, self.ignore_class)
         logits = jnp.asarray(y_pred)
         targets, weights = labels.token_ids(y_true, sample_weight, self.ignore_class)
-        factor = loss_normalizing_factor(self.reduction, targets.shape, sample_weight)
+        weights, factor = weights_and_factor(self.reduction, weights, sample_weight, mask)
         loss, parts = cross_entropy_and_ntl(logits, targets, self.number_tokens, weights=weights,
                                             loss_normalizing_factor=factor, **self.objective_options())
         return labels.checked(loss, targets, logits.shape[-1]), parts

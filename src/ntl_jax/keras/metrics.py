@@ -4,7 +4,8 @@ Each is a `keras.metrics.Metric` with state: the sums of a batch's weighted valu
 weights, accumulated over an epoch (reset by `fit` each epoch and by `evaluate`), so the
 progress bar and `History` show the epoch's mean over its number targets, the targets
 whose label is a number token and whose weight (`sample_weight`, KerasHub's padding
-mask) is not 0:
+mask) is not 0 and that a mask Keras attached to the predictions keeps (as Keras's own
+metrics read it):
 
 - `NumberTokenLossMetric` (`"ntl"`): the number loss (NTL-WAS by default), as
   `parts["ntl"]` of `ntl_jax.cross_entropy_and_ntl`;
@@ -76,7 +77,10 @@ class _NumberTargetMean(SumsMean):
         return jnp.where(is_number, weights, 0.0)
 
     def update_state(self, y_true, y_pred, sample_weight=None):
+        mask = labels.keras_mask(y_true, y_pred)
         targets, weights = labels.token_ids(y_true, sample_weight, None)
+        if mask is not None:  # Keras's metrics weigh a masked position 0 (`apply_mask`, "sum")
+            weights = jnp.where(mask, weights, 0.0)
         super().update_state(*self.sums(jnp.asarray(y_pred), targets, weights))
 
     def get_config(self):
