@@ -10,10 +10,10 @@ keras = pytest.importorskip("keras")
 
 import jax
 import numpy as np
+from keras.src.backend import get_keras_mask
 
 import ntl_jax
 import ntl_jax.keras as ntl_keras
-from keras.src.backend import get_keras_mask
 
 PIECES = ["<pad>", "a", "b", "+", "=", *"0123456789"]
 VALUES = np.array([np.nan] * 5 + list(range(10)), np.float64)  # each id's value, NaN: not a number
