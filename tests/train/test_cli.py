@@ -125,7 +125,8 @@ def test_train_rejects_bad_module_and_unwritable_out(real_data, tmp_path, capsys
 
 
 def test_plot_loss_values_and_png(tmp_path):
-    from ntl_jax.cli.plot_loss import loss_curves, peaked
+    from ntl_jax import losses
+    from ntl_jax.cli.plot_loss import legend_name, loss_curves, peaked
 
     c = 0.9
     curves = loss_curves(4, peaked(c))
@@ -153,6 +154,8 @@ def test_plot_loss_values_and_png(tmp_path):
     squashed = loss_curves(4, np.eye(10), ["was(squash_factor=3.0)"])
     np.testing.assert_allclose(squashed["NTL-WAS(squash_factor=3.0)"][[0, 3, 4, 5, 9]],
                                [1.75, 1.0, 0.0, 1.0, 2.0], rtol=1e-5, atol=1e-6)
+    # By default every shipped loss, as the registry names them.
+    assert list(loss_curves(4, peaked(c))) == ["CE"] + [legend_name(name) for name in losses.NAMES]
     out = tmp_path / "loss.png"
     assert cli.main(["plot-loss", "--digit", "7", "--out", str(out)]) == 0
     assert out.stat().st_size > 10_000

@@ -16,7 +16,7 @@ COMMANDS = {
     "generate": ("ntl_jax.cli.generate", "write DeepMind mathematics files offline"),
     "train": ("ntl_jax.cli.train", "train a small T5 with or without NTL"),
     "compare": ("ntl_jax.cli.compare", "paired runs of CE and CE+NTL over seeds, with intervals"),
-    "plot-loss": ("ntl_jax.cli.plot_loss", "plot CE, NTL-MSE and NTL-WAS over digit distributions"),
+    "plot-loss": ("ntl_jax.cli.plot_loss", "plot CE and the number losses over digit distributions"),
 }
 
 DESCRIPTION = """\

@@ -1,5 +1,5 @@
-"""`ntl-jax plot-loss`: CE beside number losses (by default NTL-MSE, NTL-WAS, DEL and DIST²)
-over predicted digit distributions.
+"""`ntl-jax plot-loss`: CE beside number losses (by default every shipped one, as the
+registry names them) over predicted digit distributions.
 
 The paper's picture (Zausinger et al. 2025, Fig. 1): cross-entropy only asks whether the
 right digit got the mass, so every wrong digit costs the same; NTL grows with how far
@@ -20,12 +20,14 @@ import sys
 import numpy as np
 
 from ntl_jax.cli.flags import checked
+from ntl_jax.losses import NAMES
 
 digit_in_range = checked(int, lambda v: 0 <= v <= 9, "a digit 0-9")
 probability = checked(float, lambda v: 0.1 < v < 1, "a probability in (0.1, 1)")
 
 DEFAULT_NAME = "ntl_loss.png"
-DEFAULT_LOSSES = ("mse", "was", "del", "dist2")
+# Every shipped loss; the README's figure names its four (`--losses mse was del dist2`).
+DEFAULT_LOSSES = NAMES
 MARKERS = "osd^v<>pP*XhH"
 
 
