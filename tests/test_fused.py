@@ -199,6 +199,8 @@ def test_default_chunk_size():
     ("TPU v5 lite", 16384, 1024, 1024),
     # Elsewhere 8 x d_model columns, at most 512 MiB of float32 logits (16,384 columns here).
     ("TPU v5", 16384, 8192, 16384),
+    # A TPU not named (a program lowered for a TPU without `device_kind`): a v5e's room.
+    ("TPU", 16384, 1024, 1024),
     ("cpu", 1024, 1024, 1024),
 ])
 def test_default_chunk_size_on_each_chip(chip, llama3, qwen3, gemma):
@@ -301,6 +303,45 @@ def test_no_module_level_state_decides_how_the_head_computes():
     assert plan == fused_plan.FusedPlan("TPU v5 lite", 300, True, "pallas", True) and hash(plan) == hash(
         fused_plan.FusedPlan("TPU v5 lite", 300, True, "pallas", True))
     assert fused_plan.plan((1, 8, 4), 300, device_kind="cpu") == fused_plan.FusedPlan(None, 300, False)
+
+
+def test_without_a_chip_named_the_plan_is_one_per_platform():
+    # No chip named: a TPU's plan and the other backends', the platform the program is
+    # lowered for picks one (nothing read from the devices of this process); Pallas'
+    # kernels make a TPU-only program.
+    from ntl_jax._core.fused_plan import ByPlatform, FusedPlan, plan
+
+    assert plan((1, 8, 4), 300) == ByPlatform(tpu=FusedPlan("TPU", 300, True), other=FusedPlan(None, 300, False))
+    assert plan((1, 8, 4), 300, backward="pallas") == ByPlatform(tpu=FusedPlan("TPU", 300, True, "pallas"), other=None)
+    assert plan((1, 8, 4), 300, backward="pallas_interpret") == ByPlatform(
+        tpu=FusedPlan("TPU", 300, True, "pallas", True), other=FusedPlan(None, 300, False, "pallas", True))
+    # The TPU's chunk is a v5e's: 8,192 tokens at Qwen3's shape, and at Llama-3's.
+    assert plan((1, 8192, 1024), 151936).tpu.chunk == plan((1, 8192, 1024), 151936, device_kind="TPU v5 lite").chunk
+    assert plan((1, 8192, 4096), 128256).tpu.chunk == 16384 and plan((1, 8192, 4096), 128256).other.chunk == 1024
+    assert len({plan((1, 8, 4), 300), plan((1, 8, 4), 300)}) == 1  # hashable: one program in jit's cache
+
+
+@pytest.mark.parametrize("options", [dict(), dict(label_smoothing=0.1, number_loss="was(reweigh=true)")],
+                         ids=["defaults", "smoothed_reweighed"])
+def test_without_a_chip_named_the_cpu_program_is_the_cpus(options):
+    # Lowered for this CPU, the head without `device_kind` (a plan per platform, both
+    # traced) is the program named "cpu": the same loss and gradients bit for bit, and the
+    # same cost by XLA's count.
+    hidden, kernel, targets, weights = _inputs(seed=4)
+
+    def loss(h, k, device_kind=None):
+        return fused_cross_entropy_and_ntl(h, k, targets, NT, weights=weights, chunk_size=7,
+                                           device_kind=device_kind, **options)[0]
+
+    step = jax.jit(jax.value_and_grad(loss, (0, 1)), static_argnames="device_kind")
+    unnamed, named = step.lower(hidden, kernel).compile(), step.lower(hidden, kernel, device_kind="cpu").compile()
+    for a, b in zip(jax.tree.leaves(unnamed(hidden, kernel)), jax.tree.leaves(named(hidden, kernel))):
+        np.testing.assert_array_equal(a, b)
+    for key in ("flops", "bytes accessed"):
+        assert unnamed.cost_analysis()[key] == named.cost_analysis()[key], key
+    reference = _both(hidden, kernel, targets, weights=weights, **options)[0]
+    _assert_close(reference[0], unnamed(hidden, kernel)[0], what="loss")
+    _assert_close(reference[2][1], unnamed(hidden, kernel)[1][1], what="d kernel")
 
 
 def test_the_top_token_is_the_argmax_of_the_logits():

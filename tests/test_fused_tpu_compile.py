@@ -9,7 +9,9 @@
   a vocabulary-wide table aborted libtpu 0.0.52's compiler there;
 - what the TPU computes instead (the target's logit picked chunk by chunk, the number
   columns one by one) equals what the other backends gather, on the CPU;
-- the opt-in Pallas backward's two kernels compile, their blocks within scoped VMEM.
+- the opt-in Pallas backward's two kernels compile, their blocks within scoped VMEM;
+- without `device_kind`, the platform a program is lowered for picks its plan: traced on
+  this CPU machine and lowered for the v5e it is the TPU's program, not the CPU's.
 
 `.ci/maxtext`'s environment has such a libtpu; the test environment's older one made
 neither the copy nor the abort, so there these tests hold either way.
@@ -126,6 +128,54 @@ def test_the_chip_is_named_and_each_gets_its_own_program(chip):
     one_reduction = r"stablehlo.reduce(\(%\w+ init: %\w+\),? ){3}across dimensions = \[1\] : \(tensor<256x4096xf32>"
     assert re.search(one_reduction, tpu.as_text()) and not re.search(one_reduction, cpu.as_text())
     assert tpu.compile().memory_analysis().temp_size_in_bytes < 128 * 4096 * 2
+
+
+def _small_args(device, dtype=jnp.bfloat16):
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    return (jax.ShapeDtypeStruct((1, 256, 128), dtype, sharding=sharding),
+            jax.ShapeDtypeStruct((128, 4096), dtype, sharding=sharding),
+            jax.ShapeDtypeStruct((1, 256), jnp.int32, sharding=sharding))
+
+
+def test_without_a_chip_named_the_platform_lowered_for_picks_the_program(chip):
+    # One jitted function, no `device_kind`, traced on this CPU machine: lowered for the
+    # CPU it is the CPU's program (the target's and the number tokens' columns gathered),
+    # lowered for a v5e chip the TPU's (nothing gathered from the kernel, the target's
+    # logit in the chunk's one reduction), at the cost of the program named for a v5e.
+    nt = ntl_jax.NumberTokens.from_pieces(["x"] * 7 + [str(i) for i in range(10)] + ["x"] * 4079)
+
+    def loss(hidden, kernel, targets, device_kind=None):
+        return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, device_kind=device_kind)[0]
+
+    step = jax.jit(jax.value_and_grad(loss, (0, 1)), static_argnames="device_kind")
+    cpu = step.lower(*_small_args(jax.devices("cpu")[0]))
+    tpu = step.lower(*_small_args(chip))
+    named = step.lower(*_small_args(chip), device_kind=chip.device_kind)
+    kernel = "tensor<128x4096xbf16>"
+    assert set(_kernel_gathers(cpu, kernel)) == {"tensor<128x10xbf16>", "tensor<128x256xbf16>"}
+    assert _kernel_gathers(tpu, kernel) == [] == _kernel_gathers(named, kernel)
+    one_reduction = r"stablehlo.reduce(\(%\w+ init: %\w+\),? ){3}across dimensions = \[1\] : \(tensor<256x4096xf32>"
+    assert re.search(one_reduction, tpu.as_text()) and not re.search(one_reduction, cpu.as_text())
+    tpu, named = tpu.compile(), named.compile()
+    for key in ("flops", "bytes accessed"):
+        assert tpu.cost_analysis()[key] == named.cost_analysis()[key], key
+    assert tpu.memory_analysis().temp_size_in_bytes == named.memory_analysis().temp_size_in_bytes < 128 * 4096 * 2
+
+
+def test_without_a_chip_named_the_pallas_backward_is_a_tpu_program(chip):
+    # backward="pallas" without `device_kind`: lowered for the v5e chip, its two kernels;
+    # lowered for the CPU, refused by name (where the chip is named "cpu", when planned).
+    nt = ntl_jax.NumberTokens.from_pieces(["x"] * 7 + [str(i) for i in range(10)] + ["x"] * 4079)
+
+    def loss(hidden, kernel, targets):
+        return ntl_jax.fused_cross_entropy_and_ntl(hidden, kernel, targets, nt, backward="pallas")[0]
+
+    step = jax.jit(jax.value_and_grad(loss, (0, 1)))
+    text = step.lower(*_small_args(chip)).compile().as_text()
+    assert "ntl_hidden_grad" in text and "ntl_kernel_grad" in text
+    with pytest.raises(ValueError, match="expected a TPU for backward='pallas'.*got cpu: a program lowered for it "
+                                         "without device_kind"):
+        step.lower(*_small_args(jax.devices("cpu")[0]))
 
 
 @pytest.mark.parametrize("compared", [128, 0], ids=["compared", "searched"])

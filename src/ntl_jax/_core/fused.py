@@ -14,7 +14,9 @@ On a TPU each chunk is folded into the statistics by one reduction, which the
 compiler fuses with the chunk's product (`_one_pass`); `backward="pallas"` replaces the
 backward loop with `fused_pallas`'s two kernels. Which of these it does, and its chunk,
 is decided once where the head is entered (`fused_plan.FusedPlan`, a static argument
-here). From the statistics on
+here; without a named chip, one plan per platform, picked by the platform the program is
+lowered for: `fused_plan.on_platform` around the forward and the backward pass). From the
+statistics on
 (`head_stats.HeadStats`), the arithmetic is `cross_entropy_and_ntl`'s own
 (`objective.objective_from_head`).
 
@@ -32,8 +34,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ntl_jax._core import head_stats, number_stats, vocab_parallel
-from ntl_jax._core.fused_plan import FusedPlan
+from ntl_jax._core import fused_plan, head_stats, number_stats, vocab_parallel
+from ntl_jax._core.fused_plan import ByPlatform, FusedPlan
 from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.number_stats import NumberReads
 from ntl_jax._core.number_tokens import NumberTokens
@@ -325,25 +327,42 @@ def _vocab_stats_fwd(h, kernel, targets, ids, plan, with_sum, with_top, shards):
     h `[batch, length, D]`, kernel `[D, V]`, targets `[batch, length]` in `[0, V)`, ids
     `[n]` the number tokens. `rest_lse` is the logsumexp over the tokens that are not
     numbers; `top_id` the argmax over the vocabulary (zeros without `with_top`), not
-    differentiated. `plan` (a `FusedPlan`) says how. With `shards` (a `VocabShards`),
+    differentiated. `plan` (a `FusedPlan`, or a `ByPlatform`) says how. With `shards` (a `VocabShards`),
     each device streams its own columns of the kernel and the statistics are combined
     over the vocabulary axis: the kernel is never gathered.
     """
     if shards is None:
-        out = _local_stats_fwd(_tokens(h), kernel, targets.reshape(-1), ids, plan, with_sum, with_top, None)
+        out = _stats_on_platform(_tokens(h), kernel, targets.reshape(-1), ids, plan, with_sum, with_top, None)
     else:
         tokens, rows, columns, replicated = vocab_parallel.partition_specs(shards)
 
         def local(h, kernel, targets, ids):
             h = vocab_parallel.gather_sequence(h, shards)
-            return _local_stats_fwd(_tokens(h), kernel, targets.reshape(-1), ids, plan, with_sum, with_top,
-                                    shards.vocab_axis)
+            return _stats_on_platform(_tokens(h), kernel, targets.reshape(-1), ids, plan, with_sum, with_top,
+                                      shards.vocab_axis)
 
         out = jax.shard_map(
             local, mesh=shards.mesh, in_specs=(vocab_parallel.hidden_spec(shards), columns, tokens, replicated),
             out_specs=(tokens, tokens, tokens, rows, tokens), check_vma=False,
         )(h, kernel, targets, ids)
     return out, (h, kernel, targets, ids, out[0])
+
+
+def _stats_on_platform(h, kernel, targets, ids, plan: FusedPlan | ByPlatform, with_sum, with_top, axis):
+    """`_local_stats_fwd` under the plan for the platform the program is lowered for."""
+    def stats(plan, h, kernel, targets, ids):
+        return _local_stats_fwd(h, kernel, targets, ids, plan, with_sum, with_top, axis)
+
+    return fused_plan.on_platform(plan, stats, h, kernel, targets, ids)
+
+
+def _grads_on_platform(h, kernel, targets, ids, rest_lse, cotangents, plan: FusedPlan | ByPlatform, with_sum, axis,
+                       batch_axes=()):
+    """`_local_grads` under the plan for the platform the program is lowered for."""
+    def grads(plan, h, kernel, targets, ids, rest_lse, cotangents):
+        return _local_grads(h, kernel, targets, ids, rest_lse, cotangents, plan, with_sum, axis, batch_axes)
+
+    return fused_plan.on_platform(plan, grads, h, kernel, targets, ids, rest_lse, cotangents)
 
 
 def _tokens(h):
@@ -355,8 +374,8 @@ def _vocab_stats_bwd(plan, with_sum, with_top, shards, residuals, cotangents):
     h, kernel, targets, ids, rest_lse = residuals
     cotangents = cotangents[:4]  # top_id is not differentiated
     if shards is None:
-        d_h, d_kernel = _local_grads(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, plan,
-                                     with_sum, None)
+        d_h, d_kernel = _grads_on_platform(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, plan,
+                                           with_sum, None)
         d_h = d_h.reshape(h.shape)
     else:
         tokens, rows, columns, replicated = vocab_parallel.partition_specs(shards)
@@ -364,8 +383,8 @@ def _vocab_stats_bwd(plan, with_sum, with_top, shards, residuals, cotangents):
 
         def local(h, kernel, targets, ids, rest_lse, cotangents):
             h = vocab_parallel.gather_sequence(h, shards)
-            d_h, d_kernel = _local_grads(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents, plan,
-                                         with_sum, shards.vocab_axis, shards.batch_axes)
+            d_h, d_kernel = _grads_on_platform(_tokens(h), kernel, targets.reshape(-1), ids, rest_lse, cotangents,
+                                               plan, with_sum, shards.vocab_axis, shards.batch_axes)
             # Each shard's columns add to every token's gradient.
             return vocab_parallel.sum_over_vocab(d_h.reshape(h.shape), shards), d_kernel
 
@@ -381,12 +400,12 @@ _vocab_stats.defvjp(_vocab_stats_fwd, _vocab_stats_bwd)
 
 
 def head_stats_from_hidden(hidden, kernel, target: NumberTarget, number_tokens: NumberTokens,
-                           reads: NumberReads | None, plan: FusedPlan, *, label_smoothing: float = 0.0,
+                           reads: NumberReads | None, plan: FusedPlan | ByPlatform, *, label_smoothing: float = 0.0,
                            with_masses: bool = False, with_top: bool = False,
                            shards: vocab_parallel.VocabShards | None = None):
     """`(HeadStats, top_ids)` of the logits `hidden @ kernel` (checked), streamed over
     vocabulary chunks as `plan` says (`fused_plan.plan`, made where the head is
-    entered; see the module docstring), at the positions `target.keep`; `top_ids`
+    entered: a chip's, or one per platform; see the module docstring), at the positions `target.keep`; `top_ids`
     `[batch, length]` is the argmax over the vocabulary with `with_top`, else None. With
     `shards` (`vocab_parallel.vocab_shards`), vocabulary-parallel over its mesh. The
     number statistics are those `reads` names (None: none), from the number tokens'

@@ -114,12 +114,13 @@ def fused_cross_entropy_and_ntl(
       sequence_parallel: with `vocab_axis`, `hidden` arrives with its sequence split
         over that axis too (Megatron-LM's sequence parallelism).
       mesh: the mesh for `vocab_axis` (None: the mesh in context).
-      backward: "xla" (XLA's chunk loop) or, on a TPU, "pallas": two Pallas kernels that
-        keep every tile of the backward pass on chip (opt-in, docs/guides/fused-head.md);
+      backward: "xla" (XLA's chunk loop) or, on a TPU only, "pallas": two Pallas kernels
+        that keep every tile of the backward pass on chip (docs/guides/fused-head.md);
         "pallas_interpret" runs them in Pallas' interpret mode on any backend (slow).
       device_kind: the chip the program is for, a `jax.Device.device_kind` ("TPU v5
-        lite"; "cpu" for the other backends): name it to compile ahead of time for a
-        TPU from another machine. None: the default backend's first device's.
+        lite"; "cpu": the other backends'). None: the platform the program is lowered
+        for decides (a TPU's program, with a v5e's chunk, on a TPU), never this
+        process's devices.
 
     Returns:
       `(loss, parts)` as `cross_entropy_and_ntl` (docs/guides/fused-head.md).

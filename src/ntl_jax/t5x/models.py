@@ -103,7 +103,7 @@ class NTLEncoderDecoderModel(_NTLLossMixin, models.EncoderDecoderModel):
       fused_vocab_axis: the mesh axis (default `"model"`) the fused loss is vocabulary-parallel over under a
         `PjitPartitioner` with `num_partitions > 1`; None leaves it to XLA, which gathers the whole kernel.
       fused_device_kind: the chip the fused loss is compiled for (a `device_kind`, "TPU v5 lite"; None:
-        the default backend's), to compile ahead of time for a TPU elsewhere (`compile_check` sets it).
+        the platform it is lowered for decides, a TPU with a v5e's chunk), `compile_check` sets it.
 
     Metrics: the stock ones (`cross_ent_loss` is cross-entropy alone), `ntl`, `ntl_term`,
     `number_abs_error` and `number_token_mass`.
