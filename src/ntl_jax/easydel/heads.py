@@ -47,16 +47,16 @@ def head_kernel(model: Any) -> jax.Array:
     """
     if tied(model):
         embedding = getattr(_call(model, "get_embedding"), "embedding", None)
-        if embedding is None or jnp.ndim(embedding.value) != 2:
+        if embedding is None or jnp.ndim(embedding[...]) != 2:
             raise TypeError(f"expected {type(model).__name__}'s tied head to read an input embedding [vocab, "
                             f"d_model] (get_embedding().embedding), got {embedding!r}")
-        return jnp.transpose(embedding.value)
+        return jnp.transpose(embedding[...])
     head = _call(model, "get_lm_head")
     kernel = getattr(head, "kernel", None)
-    if kernel is None or jnp.ndim(kernel.value) != 2:
+    if kernel is None or jnp.ndim(kernel[...]) != 2:
         raise TypeError(f"expected {type(model).__name__}'s lm_head to hold a kernel [d_model, vocab], got "
                         f"{type(head).__name__} without one")
-    return kernel.value
+    return kernel[...]
 
 
 def hidden_states(model: Any, outputs: Any) -> jax.Array:
@@ -81,7 +81,7 @@ def _call(model: Any, name: str):
     return method()
 
 
-def check_head(model: Any, *, rtol: float = 2e-2) -> None:
+def check_head(model: Any) -> None:
     """Raises unless the model's own logits are `hidden @ head_kernel(model)`: its
     projection (`make_lm_head_fn`, else `compute_lm_logits`) applied to a probe, scaled
     so that the logits are large (a soft cap then shows), against the product.
@@ -96,6 +96,12 @@ def check_head(model: Any, *, rtol: float = 2e-2) -> None:
                         f"pass), got {name}: the fused head needs the hidden states before the LM head")
     kernel = head_kernel(model)
     d_model, vocab = kernel.shape
+    bias = None if tied(model) else getattr(model.get_lm_head(), "bias", None)
+    if bias is not None:
+        raise ValueError(f"expected {name}'s lm_head without a bias (logits hidden @ kernel), got one: a bias after "
+                         "the projection, which the fused head cannot apply; use EasyDeL's own loss for this model")
+    # Within the rounding of the kernel's dtype, at logits up to 60.
+    rtol = 1e-4 if jnp.dtype(kernel.dtype).itemsize >= 4 else 2e-2
     project = model.make_lm_head_fn() if hasattr(model, "make_lm_head_fn") else model.compute_lm_logits
     probe = np.random.default_rng(0).standard_normal((1, 2, d_model)).astype(np.float32)
     logits = np.asarray(jnp.asarray(probe) @ jnp.asarray(kernel, jnp.float32), np.float64)

@@ -130,7 +130,7 @@ class NumberLossStrategy(BaseLossStrategy):
         `chunk_vocab_size` sets it too), `backward`, `device_kind`, as the fused head's.
 
     `compute` returns EasyDeL's `LossMetrics`: `loss` the objective (divided by
-    `num_items_in_batch` where EasyDeL passes one), `z_loss`, `weight_sum`, no
+    `num_items_in_batch` where EasyDeL passes one), `z_loss`, `weight_sum` (the targets counted), no
     `accuracy` (the fused head takes no argmax), and `other_metrics` with `ntl`,
     `ntl_term`, `ntl_sum`, `ntl_weight_sum` and `cross_entropy`.
     """
@@ -200,7 +200,7 @@ class NumberLossStrategy(BaseLossStrategy):
         other = {name: jnp.asarray(parts[name], jnp.float32) for name in METRICS}
         other["ntl_term"] = other["ntl_term"] * scale
         other["cross_entropy"] = other["cross_entropy"] * scale
-        return LossMetrics(loss=loss * scale, z_loss=parts["z_loss"] * scale, weight_sum=jnp.sum(weights),
+        return LossMetrics(loss=loss * scale, z_loss=parts["z_loss"] * scale, weight_sum=parts["weight_sum"],
                            accuracy=None, other_metrics=other)
 
 
