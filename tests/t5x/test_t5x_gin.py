@@ -6,6 +6,7 @@ command the T5X guide maps it to. `tests/test_gin_files.py` checks the files as 
 """
 
 import importlib
+import json
 import os
 import pathlib
 import re
@@ -430,3 +431,32 @@ def test_a_system_file_turns_a_run_into_the_papers_baseline(gin_env, local_sente
 
 def _macro_value(value):
     return value.scoped_configurable_fn() if hasattr(value, "scoped_configurable_fn") else value
+
+
+FRESH_GIN = """
+import importlib, json, sys
+import gin
+import t5x
+from ntl_jax.t5x import configs
+sys.modules["__main__"] = importlib.import_module("t5x.train")  # as T5X's launcher imports its configurables
+for path in (configs.gin_search_path(), sys.argv[1]):
+    gin.add_config_file_search_path(path)
+gin.parse_config_files_and_bindings(["t5x_configs/models/t5_1_1_tiny_ntl.gin"], json.loads(sys.argv[2]),
+                                    finalize_config=True)
+model = gin.query_parameter("MODEL/macro.value").scoped_configurable_fn()
+print(json.dumps({"options": model.ntl_options, "imported": "my_number_losses" in sys.modules}))
+"""
+
+
+def test_a_gin_string_names_a_loss_of_your_own_in_a_fresh_process(local_sentencepiece, tmp_path):
+    """`NTL_LOSS = 'my_number_losses:scaled_gap(scale=2)'` in a process that never ran the
+    loss's code: the spec names its module (tests/fixtures/own_loss_module, no entry point)."""
+    own = REPO / "tests" / "fixtures" / "own_loss_module"
+    bindings = [*_offline_bindings(local_sentencepiece), "NTL_LOSS = 'my_number_losses:scaled_gap(scale=2)'"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(own), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", FRESH_GIN, T5X_SEARCH_PATH, json.dumps(bindings)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout.splitlines()[-1])
+    assert printed == {"options": {"ntl_weight": 0.3, "number_loss": "my_number_losses:scaled_gap(scale=2.0)"},
+                       "imported": True}
