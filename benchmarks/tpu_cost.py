@@ -658,7 +658,7 @@ FUSED_SETTINGS = {
 
 def fused_loss(vocab: str, options: dict, mesh=None, sequence_parallel=False, device_kind=None):
     """The fused head's loss with `options`, traced for the chip `device_kind` (None:
-    this machine's default backend's)."""
+    the platform it is lowered for decides)."""
     import ntl_jax
 
     nt = number_tokens(vocab)
