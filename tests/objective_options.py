@@ -56,3 +56,12 @@ def registered_loss():
         spec.loader.exec_module(module)
         losses.register(module.squared_gap)
     return losses.parse("squared_gap")
+
+
+def as_options(**options):
+    """The objective's `Options` record of a case's keyword arguments (the cross-entropy's
+    fields, `label_smoothing=` and the like, make its one `CrossEntropy` value)."""
+    from ntl_jax._core.options import CROSS_ENTROPY_KEYWORDS, CrossEntropy, Options
+
+    fields = {name: options.pop(name) for name in CROSS_ENTROPY_KEYWORDS if name in options}
+    return Options(**options, cross_entropy=CrossEntropy(**fields))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
+import ntl_jax as package
 from ntl_jax import NumberTokens, fused_cross_entropy_and_ntl, losses
 from ntl_jax._core.targets import gaussian_label, number_target
 from tests.formulation import bound
@@ -404,3 +405,28 @@ def test_number_tokens_as_a_traced_argument():
                                                     number_loss=losses.was_cdf(sigma=1.0))[1]["ntl"])
     want = reference(logits, targets, weights, WIDE, sigma=1.0, kind="was_cdf")[4]
     np.testing.assert_allclose(float(f(logits, WIDE)), want, rtol=RTOL)
+
+
+def test_the_cross_entropy_is_one_value_and_its_fields_spell_it_as_keywords():
+    """`cross_entropy=package.CrossEntropy(...)` is what every entry point takes; its fields
+    as keywords make the same value (the same loss and gradient, bit for bit)."""
+    logits = jax.random.normal(jax.random.key(3), (2, 5, DIGITS.vocab_size)) * 2
+    targets = jnp.array([[2, 4, 12, 1, 0], [7, 11, 4, 13, 1]])
+    ce = package.CrossEntropy(gce_sigma=1.0, z_loss=1e-3)
+    for fn in (lambda l, **kw: package.cross_entropy_and_ntl(l, targets, DIGITS, **kw),
+               lambda l, **kw: package.fused_cross_entropy_and_ntl(l, jnp.eye(DIGITS.vocab_size), targets, DIGITS,
+                                                                    **kw)):
+        value, grad = jax.value_and_grad(lambda l, kw: fn(l, **kw)[0])(logits, {"cross_entropy": ce})
+        spelled, spelled_grad = jax.value_and_grad(lambda l: fn(l, gce_sigma=1.0, z_loss=1e-3)[0])(logits)
+        np.testing.assert_array_equal(value, spelled)
+        np.testing.assert_array_equal(grad, spelled_grad)
+        plain = fn(logits, cross_entropy=package.CrossEntropy(z_loss=1e-3))[0]
+        assert abs(float(plain) - float(value)) > 1e-3  # the Gaussian label changes the loss
+    with pytest.raises(TypeError, match=r"^expected cross_entropy= or its fields as keywords, not both: got "
+                                        r"CrossEntropy\(label_smoothing=0.0, z_loss=0.001, gce_sigma=1.0\) and "
+                                        r"label_smoothing=0.1$"):
+        package.cross_entropy_and_ntl(logits, targets, DIGITS, cross_entropy=ce, label_smoothing=0.1)
+    with pytest.raises(TypeError, match=r"^expected cross_entropy an ntl_jax.CrossEntropy, got dict"):
+        package.cross_entropy_and_ntl(logits, targets, DIGITS, cross_entropy={"gce_sigma": 1.0})
+    with pytest.raises(ValueError, match=r"^expected at most one of gce_sigma and label_smoothing"):
+        package.CrossEntropy(gce_sigma=1.0, label_smoothing=0.1)

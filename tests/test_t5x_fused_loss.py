@@ -25,6 +25,7 @@ from ntl_jax import losses
 from ntl_jax._core.options import Options
 from ntl_jax.t5x import _loss as t5x_loss
 from tests import xla_flags
+from tests.objective_options import as_options
 from tests.test_t5x_model_loss import (
     FACTORS,
     NT,
@@ -305,7 +306,7 @@ def _vocab_parallel_checks():
     # (Every variant, factor and chunk size: tests/test_vocab_parallel.py.)
     cases = {
         "was reweigh smoothing z AVERAGE_PER_SEQUENCE": (
-            Options(number_loss=losses.was(reweigh=True), label_smoothing=0.1, z_loss=1e-3),
+            as_options(number_loss=losses.was(reweigh=True), label_smoothing=0.1, z_loss=1e-3),
             dict(loss_normalizing_factor="AVERAGE_PER_SEQUENCE", chunk_size=4)),
     }
     for name, (options, arguments) in cases.items():

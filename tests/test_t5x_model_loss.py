@@ -18,7 +18,7 @@ import ntl_jax
 from ntl_jax import losses
 from ntl_jax._core.options import Options
 from ntl_jax.t5x import _loss as t5x_loss
-from tests.objective_options import SQUARED_DISTANCE
+from tests.objective_options import SQUARED_DISTANCE, as_options
 
 PIECES = ["<pad>", "</s>", "a", "b", "c"] + list("0123456789") + ["."]
 DIGIT_IDS = np.arange(5, 15)
@@ -132,7 +132,7 @@ def numpy_was(logits, targets):
 
 def loss_of(logits, batch, loss_normalizing_factor=None, **options):
     """`model_loss` with the objective's options as keywords (`Options`)."""
-    return t5x_loss.model_loss(logits, batch, NT, Options(**options), loss_normalizing_factor)
+    return t5x_loss.model_loss(logits, batch, NT, as_options(**options), loss_normalizing_factor)
 
 
 # -- the fake T5X base class -----------------------------------------------------------
@@ -620,7 +620,7 @@ def test_gce_and_was_cdf_match_the_float64_reference(factor):
     hidden = jnp.asarray(rng.normal(size=(3, 10, 5)), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(5, WIDTH)), jnp.float32)
     options = dict(number_loss=losses.was_cdf(sigma=1.5), gce_sigma=1.5)
-    fused = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, Options(**options), factor, chunk_size=7)
+    fused = t5x_loss.model_loss_from_hidden(hidden, kernel, batch, NT, as_options(**options), factor, chunk_size=7)
     unfused = loss_of(jnp.einsum("bld,dv->blv", hidden, kernel), batch, loss_normalizing_factor=factor, **options)
     np.testing.assert_allclose(float(fused.loss), float(unfused.loss), rtol=2e-5)
 

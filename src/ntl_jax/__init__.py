@@ -23,9 +23,11 @@ from ntl_jax._core.objective import (
     loss_normalizing_factor_and_weights,
     ntl_mean,
 )
+from ntl_jax._core.options import CrossEntropy
 from ntl_jax._core.tokenizer_pieces import tokenizer_pieces, vocabulary_pieces
 
 __all__ = [
+    "CrossEntropy",
     "NumberLoss",
     "NumberTokens",
     "check_targets",

@@ -12,6 +12,7 @@ pytest.importorskip("orbax.checkpoint")
 
 from conftest import fake_data, first_step, micro_config  # noqa: E402
 
+import ntl_jax  # noqa: E402
 from ntl_jax import cli, losses  # noqa: E402
 from ntl_jax.cli import compare as cli_compare  # noqa: E402
 from ntl_jax.cli import train as cli_train  # noqa: E402
@@ -29,9 +30,9 @@ def test_every_loss_name_is_a_step_loss():
     assert loss_names.number_loss("gce+ntl-was-cdf") is losses.was_cdf()
     # Its label is GCE's: NTL-WAS-CDF against a Gaussian label of GCE's width.
     assert step_lib.objective("gce+ntl-was-cdf", 0.3, 2.0) == dict(
-        number_loss=losses.was_cdf(sigma=2.0), ntl_weight=0.3, gce_sigma=2.0)
+        number_loss=losses.was_cdf(sigma=2.0), ntl_weight=0.3, cross_entropy=ntl_jax.CrossEntropy(gce_sigma=2.0))
     assert step_lib.objective("ntl-was-cdf", 0.3, 2.0) == dict(number_loss=losses.was_cdf(), ntl_weight=0.3,
-                                                               gce_sigma=0.0)
+                                                               cross_entropy=ntl_jax.CrossEntropy())
     assert [loss for loss in cli_train.LOSSES if not step_lib.trains_ntl(loss)] == ["ce", "gce"]
 
 

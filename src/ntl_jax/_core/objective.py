@@ -18,10 +18,11 @@ from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.migration import refuses_old_keywords
 from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss
 from ntl_jax._core.number_tokens import NumberTokens
-from ntl_jax._core.options import Options
+from ntl_jax._core.options import CrossEntropy, Options, takes_cross_entropy_fields
 
 
 @refuses_old_keywords
+@takes_cross_entropy_fields
 def cross_entropy_and_ntl(
     logits: ArrayLike,
     targets: ArrayLike,
@@ -30,9 +31,7 @@ def cross_entropy_and_ntl(
     weights: ArrayLike | None = None,
     number_loss: NumberLoss | str | None = DEFAULT,
     ntl_weight: float | None = None,
-    label_smoothing: float = 0.0,
-    z_loss: float = 0.0,
-    gce_sigma: float = 0.0,
+    cross_entropy: CrossEntropy | None = None,
     loss_normalizing_factor=None,
     decoder_segment_ids=None,
     decoder_positions=None,
@@ -51,7 +50,8 @@ def cross_entropy_and_ntl(
       number_loss: a `ntl_jax.losses` value, a spec (`"was"`, `"smmd(mode=mmd)"`), or None.
       ntl_weight: lambda; None: the loss's own (`NumberLoss.default_weight`: 0.3 for
         NTL, the paper's).
-      label_smoothing, z_loss: T5X's; gce_sigma: the Gaussian label's width (GCE).
+      cross_entropy: the cross-entropy's options, `ntl_jax.CrossEntropy(label_smoothing=,
+        z_loss=, gce_sigma=)` (None: none); or those fields as keywords.
       loss_normalizing_factor: None, a number or a special factor's name.
       decoder_segment_ids, decoder_positions: for packed batches.
 
@@ -61,13 +61,12 @@ def cross_entropy_and_ntl(
       `ntl` (their mean, `ntl_mean`), `ntl_term` (what it adds to `loss`), `weight_sum`,
       `loss_normalizing_factor` (docs/guides/losses.md).
     """
-    options = Options(number_loss=number_loss, ntl_weight=ntl_weight, label_smoothing=label_smoothing,
-                      z_loss=z_loss, gce_sigma=gce_sigma)
+    options = Options(number_loss=number_loss, ntl_weight=ntl_weight, cross_entropy=cross_entropy)
     weights = checks.check_logits_and_targets(logits, targets, number_tokens, weights)
     vocab = jnp.shape(logits)[-1]
-    head_of = functools.partial(_head_from_logits, logits, number_tokens, label_smoothing)
+    head_of = functools.partial(_head_from_logits, logits, number_tokens, options.label_smoothing)
     run = pipeline.run(head_of, targets, weights, vocab, number_tokens, options.number_loss,
-                       gce_sigma=options.gce_sigma, loss_normalizing_factor=loss_normalizing_factor,
+                       options.cross_entropy, loss_normalizing_factor=loss_normalizing_factor,
                        decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions)
     return objective_from_head(run, number_tokens, options, vocab=vocab)
 
@@ -78,6 +77,7 @@ def _head_from_logits(logits, number_tokens, label_smoothing, target, reads, wit
 
 
 @refuses_old_keywords
+@takes_cross_entropy_fields
 def fused_cross_entropy_and_ntl(
     hidden: ArrayLike,
     kernel: ArrayLike,
@@ -87,9 +87,7 @@ def fused_cross_entropy_and_ntl(
     weights: ArrayLike | None = None,
     number_loss: NumberLoss | str | None = DEFAULT,
     ntl_weight: float | None = None,
-    label_smoothing: float = 0.0,
-    z_loss: float = 0.0,
-    gce_sigma: float = 0.0,
+    cross_entropy: CrossEntropy | None = None,
     loss_normalizing_factor=None,
     decoder_segment_ids=None,
     decoder_positions=None,
@@ -125,8 +123,7 @@ def fused_cross_entropy_and_ntl(
     Returns:
       `(loss, parts)` as `cross_entropy_and_ntl` (docs/guides/fused-head.md).
     """
-    options = Options(number_loss=number_loss, ntl_weight=ntl_weight, label_smoothing=label_smoothing,
-                      z_loss=z_loss, gce_sigma=gce_sigma)
+    options = Options(number_loss=number_loss, ntl_weight=ntl_weight, cross_entropy=cross_entropy)
     weights = checks.check_hidden_and_kernel(hidden, kernel, targets, number_tokens, weights, chunk_size)
     vocab = jnp.shape(kernel)[1]
     shards = vocab_parallel.vocab_shards(vocab_axis, mesh, vocab, jnp.shape(hidden)[0], jnp.shape(hidden)[1],
@@ -136,11 +133,11 @@ def fused_cross_entropy_and_ntl(
 
     def head_of(target, reads, with_masses):
         return fused.head_stats_from_hidden(hidden, kernel, target, number_tokens, reads, plan,
-                                            label_smoothing=label_smoothing, with_masses=with_masses,
+                                            label_smoothing=options.label_smoothing, with_masses=with_masses,
                                             shards=shards)[0]
 
     run = pipeline.run(head_of, targets, weights, vocab, number_tokens, options.number_loss,
-                       gce_sigma=options.gce_sigma, loss_normalizing_factor=loss_normalizing_factor,
+                       options.cross_entropy, loss_normalizing_factor=loss_normalizing_factor,
                        decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions)
     return objective_from_head(run, number_tokens, options, vocab=vocab)
 

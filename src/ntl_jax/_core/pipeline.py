@@ -16,11 +16,13 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ntl_jax._core import checks, cross_entropy, normalization, number_stats
+from ntl_jax._core import checks, normalization, number_stats
+from ntl_jax._core.cross_entropy import GCE_READS
 from ntl_jax._core.head_stats import HeadStats
 from ntl_jax._core.number_losses.number_loss import NumberLoss
 from ntl_jax._core.number_stats import NumberReads, expected_value
 from ntl_jax._core.number_tokens import NumberTokens
+from ntl_jax._core.options import CrossEntropy
 from ntl_jax._core.targets import NumberTarget, number_target
 
 
@@ -45,17 +47,18 @@ def reads(number_loss: NumberLoss | None, *, smoothed: bool = False, with_value:
     if number_loss is not None:
         out |= number_loss.reads
     if smoothed:
-        out |= cross_entropy.GCE_READS
+        out |= GCE_READS
     return out
 
 
 def run(head_of: Callable[[NumberTarget, NumberReads | None, bool], HeadStats], targets, weights, vocab: int,
-        number_tokens: NumberTokens, number_loss: NumberLoss | None, *, gce_sigma: float = 0.0,
-        loss_normalizing_factor=None, decoder_segment_ids=None, decoder_positions=None,
+        number_tokens: NumberTokens, number_loss: NumberLoss | None, cross_entropy: CrossEntropy = CrossEntropy(),
+        *, loss_normalizing_factor=None, decoder_segment_ids=None, decoder_positions=None,
         with_value: bool = False) -> Pass:
     """One pass over checked arrays: `targets` `[batch, length]`, `weights` (float32 or
-    None) for a `vocab`-wide head. `head_of(target, reads, with_masses)` computes the
-    head's statistics at the positions `target.keep` (the number mass with `with_masses`)."""
+    None) for a `vocab`-wide head, the cross-entropy's label as `cross_entropy` says.
+    `head_of(target, reads, with_masses)` computes the head's statistics at the positions
+    `target.keep` (the number mass with `with_masses`)."""
     checks.check_segments(targets, decoder_segment_ids, decoder_positions)
     checks.check_loss_normalizing_factor(loss_normalizing_factor)
     if number_loss is not None and number_loss.check_table is not None:
@@ -63,8 +66,8 @@ def run(head_of: Callable[[NumberTarget, NumberReads | None, bool], HeadStats], 
     factor, weights = normalization.factor_and_weights(
         targets, weights, vocab, loss_normalizing_factor,
         decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions)
-    target = number_target(targets, weights, vocab, number_tokens, gce_sigma=gce_sigma)
-    head = head_of(target, reads(number_loss, smoothed=gce_sigma > 0, with_value=with_value),
+    target = number_target(targets, weights, vocab, number_tokens, gce_sigma=cross_entropy.gce_sigma)
+    head = head_of(target, reads(number_loss, smoothed=cross_entropy.smoothed, with_value=with_value),
                    number_loss is not None and number_loss.needs_masses)
     return Pass(head, target, weights, factor)
 

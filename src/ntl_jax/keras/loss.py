@@ -34,6 +34,7 @@ positions, so the loss has no per-token form.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
@@ -44,6 +45,7 @@ from ntl_jax._core.checks import check_real
 from ntl_jax._core.number_losses import registry
 from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss, weight_of
 from ntl_jax._core.objective import cross_entropy_and_ntl
+from ntl_jax._core.options import CrossEntropy
 from ntl_jax.keras import labels
 from ntl_jax.keras.backend import require_jax_backend
 from ntl_jax.keras.tokens import number_tokens_config, resolve_number_tokens
@@ -129,9 +131,8 @@ class NumberTokenLoss(keras.losses.Loss):
         if ignore_class is not None and (isinstance(ignore_class, bool) or not isinstance(ignore_class, int)):
             raise TypeError(f"expected ignore_class an int or None, got {ignore_class!r}")
         self.ntl_weight = float(ntl_weight)
-        self.label_smoothing = float(label_smoothing)
-        self.z_loss = float(z_loss)
-        self.gce_sigma = float(gce_sigma)
+        self.cross_entropy = CrossEntropy(label_smoothing=float(label_smoothing), z_loss=float(z_loss),
+                                          gce_sigma=float(gce_sigma))  # a bad option fails here, not in fit
         self.ignore_class = ignore_class
 
     def __call__(self, y_true, y_pred, sample_weight=None):
@@ -158,8 +159,7 @@ class NumberTokenLoss(keras.losses.Loss):
 
     def objective_options(self) -> dict:
         """The objective's arguments this loss sets (the fused model passes the same)."""
-        return {"number_loss": self.number_loss, "ntl_weight": self.ntl_weight,
-                "label_smoothing": self.label_smoothing, "z_loss": self.z_loss, "gce_sigma": self.gce_sigma}
+        return {"number_loss": self.number_loss, "ntl_weight": self.ntl_weight, "cross_entropy": self.cross_entropy}
 
     def get_config(self):
         return {
@@ -167,9 +167,7 @@ class NumberTokenLoss(keras.losses.Loss):
             "number_tokens": number_tokens_config(self.number_tokens),
             "number_loss": number_loss_spec(self.number_loss),
             "ntl_weight": self.ntl_weight,
-            "label_smoothing": self.label_smoothing,
-            "z_loss": self.z_loss,
-            "gce_sigma": self.gce_sigma,
+            **dataclasses.asdict(self.cross_entropy),  # label_smoothing, z_loss, gce_sigma
             "ignore_class": self.ignore_class,
         }
 

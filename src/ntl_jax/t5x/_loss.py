@@ -36,7 +36,7 @@ from ntl_jax._core.number_losses.number_loss import DEFAULT, NumberLoss
 from ntl_jax._core.number_losses.registry import NONE
 from ntl_jax._core.number_stats import expected_value
 from ntl_jax._core.number_tokens import NumberTokens
-from ntl_jax._core.options import Options
+from ntl_jax._core.options import CrossEntropy, Options
 from ntl_jax._core.targets import number_target
 from ntl_jax.flax import _linen
 
@@ -247,7 +247,7 @@ def model_loss_from_hidden(
 def _run(head_of, batch, weights, vocab, number_tokens, options: Options, loss_normalizing_factor) -> pipeline.Pass:
     """The loss's one pass over the batch, reading the expected value for the metrics."""
     return pipeline.run(head_of, batch["decoder_target_tokens"], weights, vocab, number_tokens, options.number_loss,
-                        gce_sigma=options.gce_sigma, loss_normalizing_factor=loss_normalizing_factor,
+                        options.cross_entropy, loss_normalizing_factor=loss_normalizing_factor,
                         decoder_segment_ids=batch.get("decoder_segment_ids"),
                         decoder_positions=batch.get("decoder_positions"), with_value=True)
 
@@ -396,12 +396,14 @@ class NTLLossMixin:
     def _configure_ntl(self, *, number_loss, ntl_weight, digit_level, gce_sigma=0.0):
         # Checked here, once per model: `loss_fn` reads the record.
         options = Options(
-            number_loss=number_loss, ntl_weight=ntl_weight, label_smoothing=getattr(self, "_label_smoothing", 0.0),
-            z_loss=getattr(self, "_z_loss", 0.0), gce_sigma=gce_sigma,
+            number_loss=number_loss, ntl_weight=ntl_weight,
+            cross_entropy=CrossEntropy(label_smoothing=getattr(self, "_label_smoothing", 0.0),
+                                       z_loss=getattr(self, "_z_loss", 0.0), gce_sigma=gce_sigma),
         )
         # Kept as Python floats (gin may bind integers), once they are known to be numbers.
-        self._options = dataclasses.replace(options, ntl_weight=float(options.ntl_weight),
-                                            gce_sigma=float(gce_sigma))
+        self._options = dataclasses.replace(
+            options, ntl_weight=float(options.ntl_weight),
+            cross_entropy=dataclasses.replace(options.cross_entropy, gce_sigma=float(gce_sigma)))
         checks.check_bool("digit_level", digit_level)
         # Built once on the host from the output vocabulary; a closure constant in jit.
         self._number_tokens = NumberTokens.from_vocabulary(self.output_vocabulary, digit_level=digit_level)

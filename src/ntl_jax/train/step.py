@@ -9,6 +9,7 @@ it counts, `ntl_term` what λ times it adds to `loss`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax
@@ -17,6 +18,7 @@ import optax
 
 from ntl_jax._core.number_tokens import NumberTokens
 from ntl_jax._core.objective import cross_entropy_and_ntl, fused_cross_entropy_and_ntl
+from ntl_jax._core.options import CrossEntropy
 from ntl_jax.flax import _linen
 from ntl_jax.train import loss_names
 
@@ -43,7 +45,7 @@ def trains_ntl(loss) -> bool:
 def objective(loss, ntl_weight: float, gce_sigma: float, ntl_mean_over: str | None = None) -> dict:
     """The `ntl_jax.cross_entropy_and_ntl` options of a token-head `loss` (a name, or a
     `NumberLoss` trained as CE + λ·loss): `number_loss`, `ntl_weight` (0 for "ce" and
-    "gce", which log NTL-WAS) and `gce_sigma` (0 for the losses without "gce");
+    "gce", which log NTL-WAS) and `cross_entropy` (`gce_sigma` 0 for the losses without "gce");
     `ntl_mean_over`, where given, how the number loss's term is normalised.
 
     With "gce+", a number loss that scores against a label of its own takes GCE's
@@ -58,7 +60,7 @@ def objective(loss, ntl_weight: float, gce_sigma: float, ntl_mean_over: str | No
     if ntl_mean_over is not None:
         number_loss = losses.with_mean_over(number_loss, ntl_mean_over)
     return dict(number_loss=number_loss, ntl_weight=ntl_weight if trains_ntl(loss) else 0.0,
-                gce_sigma=gce_sigma)
+                cross_entropy=CrossEntropy(gce_sigma=gce_sigma))
 
 
 def model_inputs(batch: dict) -> tuple[tuple, dict]:
@@ -131,8 +133,8 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
         args, kwargs = model_inputs(batch)
         kwargs.update(enable_dropout=True, rngs={"dropout": dropout_rng})
         targets = batch["decoder_target_tokens"]
-        options = dict(weights=batch["decoder_loss_weights"], z_loss=z_loss,
-                       loss_normalizing_factor=loss_normalizing_factor, **chosen)
+        options = dict(chosen, weights=batch["decoder_loss_weights"], loss_normalizing_factor=loss_normalizing_factor,
+                       cross_entropy=dataclasses.replace(chosen["cross_entropy"], z_loss=z_loss))
         if fused_loss:
             hidden, kernel = _linen.hidden_states_and_kernel(model, {"params": params}, *args, **kwargs)
             return fused_cross_entropy_and_ntl(hidden, kernel, targets, number_tokens, **options)

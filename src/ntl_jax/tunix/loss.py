@@ -42,8 +42,9 @@ def number_token_loss_fn(number_tokens: NumberTokens, *, number_loss: NumberLoss
         (`ntl_jax.fused_cross_entropy_and_ntl`), never holding the `[batch, length,
         vocab]` logits; the same loss and gradients to float32 rounding. Not with a
         soft-capped head (Gemma 2) or a LoRA adapter on the head.
-      **options: the objective's other options (`gce_sigma`, `z_loss`,
-        `label_smoothing`, `chunk_size` and `device_kind` with `fused`, ...).
+      **options: the objective's other options (`cross_entropy`, an
+        `ntl_jax.CrossEntropy`, or its fields `gce_sigma`, `z_loss`, `label_smoothing`;
+        `chunk_size` and `device_kind` with `fused`, ...).
 
     Returns:
       `loss_fn(model, input_tokens, input_mask, positions, attention_mask, images=None)`
