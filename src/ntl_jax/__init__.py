@@ -46,4 +46,4 @@ __all__ = [
     "vocabulary_pieces",
     "weighted_cross_entropy",
 ]
-__version__ = "0.5.0"
+__version__ = "0.6.0"

@@ -55,7 +55,8 @@ class FusedNumberTokenLossModel(keras.Model):
       loss: the `NumberTokenLoss` to compute, its reduction included.
       chunk_size: vocabulary columns per chunk (None: about 8M logits per chunk).
       device_kind: the chip the step is compiled for, a `jax.Device.device_kind`
-        (None: the default backend's): name it to compile ahead of time for a TPU.
+        (None: the platform the step is lowered for decides, a TPU getting a TPU's
+        program; name the chip where its generation matters, docs/guides/fused-head.md).
 
     `compile(optimizer=...)` takes no loss (it is `loss`) and no metrics on `y_pred` (the
     hidden states); `fit` logs `ntl`, the number loss's mean over the number targets.
