@@ -3,23 +3,30 @@ them (`sharding_axis_dims` (dp, fsdp, ep, tp, sp) = (1, 4, 1, 2, 1): parameters 
 fsdp, the head's vocabulary over tp, which the fused head then streams shard by shard),
 trained on CE + NTL through `ntl_jax.easydel.use`; writes the loss, NTL, the parameters
 and the gradients to the .npz file named by its argument. `test_easydel_sharded.py`
-starts it in a subprocess (the device count is fixed when JAX initialises) and compares
-with one device."""
+starts it in a subprocess with `environment(os.environ)` (the device count is fixed when
+JAX initialises) and compares with one device."""
 
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("ENABLE_DISTRIBUTED_INIT", "0")
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from ntl_jax import easydel as ntl_easydel  # noqa: E402
-from tests.easydel import tiny  # noqa: E402
+from ntl_jax import easydel as ntl_easydel
+from tests import xla_flags
+from tests.easydel import tiny
 
 SHARDING = (1, 4, 1, 2, 1)
+DEVICES = 8
+
+
+def environment(base: dict) -> dict:
+    """The script's environment: `base` with 8 host CPU devices. Set for the subprocess
+    only: importing this module changes nothing in the importing process (a test
+    session that imported it and set the device count would run every test, its
+    one-device references too, on 8 devices)."""
+    return dict(base, XLA_FLAGS=f"{base.get('XLA_FLAGS', '')} {xla_flags.host_devices(DEVICES)}".strip(),
+                JAX_PLATFORMS="cpu", ENABLE_DISTRIBUTED_INIT="0")
 
 
 def results(model, tokenizer) -> dict:
@@ -36,7 +43,7 @@ def results(model, tokenizer) -> dict:
 
 
 def main(path: str):
-    assert jax.device_count() == 8, jax.devices()
+    assert jax.device_count() == DEVICES, (jax.devices(), os.environ.get("XLA_FLAGS"))
     saved = {}
     for name, build in sorted(tiny.MODELS.items()):
         model = build(sharding_axis_dims=SHARDING)

@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
     path = tmp_path_factory.mktemp("sharded") / "sharded.npz"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = sharded_check.environment(dict(os.environ, PYTHONPATH=str(ROOT)))
     run = subprocess.run([sys.executable, "-m", "tests.easydel.sharded_check", str(path)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
@@ -30,7 +30,9 @@ def sharded(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(tiny.MODELS))
 def test_eight_sharded_devices_equal_one(name, sharded):
-    one = sharded_check.results(tiny.MODELS[name](), tiny.tokenizer())
+    model = tiny.MODELS[name]()
+    assert model.mesh.devices.size == 1, model.mesh  # the reference: one device, this process's only one
+    one = sharded_check.results(model, tiny.tokenizer())
     params = [key for key in one if key.startswith("param")]
     assert params and all(np.array_equal(sharded[f"{name}/{key}"], one[key]) for key in params)  # the same model
     np.testing.assert_allclose(sharded[f"{name}/loss"], one["loss"], rtol=2e-6)
