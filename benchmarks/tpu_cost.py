@@ -268,10 +268,13 @@ def _generic_bytes(hlo: str) -> float:
     """XLA's generic HloCostAnalysis (the CPU client's) of HLO text: `bytes accessed`."""
     import jax
     from jax._src.lib import _jax
-    from jaxlib import _hlo
 
+    try:
+        from jaxlib._hlo import hlo_module_from_text
+    except ImportError:  # jaxlib before 0.10 (EasyDeL's jax 0.9): in _jax
+        hlo_module_from_text = _jax.hlo_module_from_text
     client = jax.devices("cpu")[0].client
-    return float(_jax.hlo_module_cost_analysis(client, _hlo.hlo_module_from_text(hlo))["bytes accessed"])
+    return float(_jax.hlo_module_cost_analysis(client, hlo_module_from_text(hlo))["bytes accessed"])
 
 
 def loop_bytes(hlo: str) -> tuple[float, list[dict]]:
