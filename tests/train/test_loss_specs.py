@@ -330,3 +330,27 @@ def test_ntil_and_a_registered_loss_of_a_package_train_from_the_command_line(rea
             assert np.isfinite(r["train/ntl"]) and r["train/ntl"] > 0
             if loss == "ntil":  # scaled to CE: its term's value is λ·CE
                 assert r["train/ntl_term"] == pytest.approx(weight * r["train/cross_entropy"], rel=1e-5)
+
+
+# Declared in docs/evidence.md and trained in parts: its finished seeds are kept as they come.
+IN_PARTS = {"multiplication_paper_objective": (
+    "ntl-jax compare --task multiplication --losses ce ntl-was --primary-metric test_interpolate/number_accuracy "
+    "--seeds 16 --steps 16000 --jobs 1 --no-progress --out runs/multiplication_paper_objective")}
+
+
+@pytest.mark.parametrize("setting", sorted(IN_PARTS))
+def test_the_seeds_kept_of_a_comparison_in_parts_are_finished_runs_of_its_declared_command(setting):
+    kept = ROOT / "evidence" / setting
+    if not kept.is_dir():
+        pytest.skip(f"{kept} is not in this checkout")
+    command = IN_PARTS[setting]
+    assert command in (ROOT / "docs" / "evidence.md").read_text(encoding="utf-8")
+    argv = shlex.split(command)[1:]
+    args = cli.build_parser(argv).parse_args(argv)
+    args.module = args.task
+    _, runs = cli_compare.plan(args, str(kept))
+    present = [spec for spec in runs if os.path.isdir(cli_compare.run_dir(str(kept), spec))]
+    assert len(present) == sum(1 for _ in kept.glob("*/seed_*/config.json")) > 0
+    assert len(present) % 2 == 0  # both losses of each kept seed
+    for spec in present:
+        assert trainer.finished_run(cli_compare._config(args, spec), cli_compare.run_dir(str(kept), spec)) is not None
