@@ -355,11 +355,11 @@ def test_the_top_token_is_the_argmax_of_the_logits():
     options = Options(number_loss="none")
     assert options.number_loss is None
     for chunk_size in (7, 69):
-        target = number_target(targets, weights, kernel.shape[1], NT, gce_sigma=options.gce_sigma)
+        target = number_target(targets, weights, kernel.shape[1], NT, gce_sigma=options.cross_entropy.gce_sigma)
         reads = pipeline.reads(options.number_loss, with_value=True)
         plan = fused_plan.plan(hidden.shape, kernel.shape[1], chunk_size=chunk_size)
         _, top = head_stats_from_hidden(hidden, kernel, target, NT, reads, plan,
-                                        label_smoothing=options.label_smoothing, with_top=True)
+                                        label_smoothing=options.cross_entropy.label_smoothing, with_top=True)
         np.testing.assert_array_equal(target.ids, jnp.where(keep, targets, -1))
         logits = jnp.einsum("bld,dv->blv", jnp.where(keep[..., None], hidden, 0.0), kernel)
         np.testing.assert_array_equal(top, jnp.argmax(logits, axis=-1))

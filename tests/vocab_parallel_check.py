@@ -177,10 +177,11 @@ def check_bfloat16_and_the_argmax():
 
     def top(shards):
         options = Options(number_loss=None)
-        target = number_target(targets, weights, VOCAB, NT, gce_sigma=options.gce_sigma)
+        target = number_target(targets, weights, VOCAB, NT, gce_sigma=options.cross_entropy.gce_sigma)
         plan = fused_plan.plan(hidden.shape, VOCAB, shards, chunk_size=CHUNK)
         return head_stats_from_hidden(hidden, kernel, target, NT, pipeline.reads(options.number_loss, with_value=True),
-                                      plan, label_smoothing=options.label_smoothing, with_top=True, shards=shards)[1]
+                                      plan, label_smoothing=options.cross_entropy.label_smoothing, with_top=True,
+                                      shards=shards)[1]
 
     sharded = jax.jit(lambda: top(vocab_shards("model", mesh, VOCAB, B)))()
     logits = jnp.einsum("bld,dv->blv", jnp.where((weights > 0)[..., None], hidden, 0.0), kernel)

@@ -235,35 +235,23 @@ def test_a_loss_of_ones_own_trains_through_the_launcher_from_python(tmp_path):
 OWN_PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "own_loss_package"
 
 
-def test_a_registered_loss_of_a_package_trains_from_its_key(tmp_path):
-    """`ntl_number_loss=squared_gap`, a loss a package names by an entry point
-    (tests/fixtures/own_loss_package), found by the launcher's own process."""
-    args = [a for a in RUN if not a.startswith(("steps=", "eval_interval", "eval_steps"))]
-    _launch("ntl_jax.maxtext.train",
-            [*args, "steps=2", "eval_interval=-1", "run_name=own_package", f"base_output_directory={tmp_path}",
-             "enable_checkpointing=false", f"metrics_file={tmp_path / 'metrics.jsonl'}", "ntl_weight=0.3",
-             "ntl_number_loss=squared_gap"],
-            tmp_path, PYTHONPATH=os.pathsep.join([str(OWN_PACKAGE), os.environ.get("PYTHONPATH", "")]))
-    train = [m for m in _metrics(tmp_path / "metrics.jsonl") if "learning/loss" in m]
-    assert [m["step"] for m in train] == [0, 1]
-    for m in train:
-        assert m["learning/ntl"] > 0
-        assert m["learning/loss"] == pytest.approx(m["learning/lm_loss"] + m["learning/ntl_term"], rel=1e-6)
-
-
 OWN_MODULE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "own_loss_module"
 
 
-def test_a_loss_of_your_own_trains_from_its_key_naming_its_module(tmp_path):
-    """`ntl_number_loss=my_number_losses:scaled_gap(scale=2)`: a loss no package names by
-    an entry point (tests/fixtures/own_loss_module), read by the launcher's own process
-    through the module its spec names."""
+@pytest.mark.parametrize("spec, path", [
+    # A loss a package names by an entry point (tests/fixtures/own_loss_package).
+    ("squared_gap", OWN_PACKAGE),
+    # A loss no package names: read through the module its spec names (tests/fixtures/own_loss_module).
+    ("my_number_losses:scaled_gap(scale=2)", OWN_MODULE),
+], ids=["entry_point", "module_spec"])
+def test_a_loss_of_your_own_trains_from_its_key(tmp_path, spec, path):
+    """`ntl_number_loss=<spec>` of a loss of one's own, found by the launcher's own process."""
     args = [a for a in RUN if not a.startswith(("steps=", "eval_interval", "eval_steps"))]
     _launch("ntl_jax.maxtext.train",
-            [*args, "steps=2", "eval_interval=-1", "run_name=own_module", f"base_output_directory={tmp_path}",
+            [*args, "steps=2", "eval_interval=-1", "run_name=own_loss", f"base_output_directory={tmp_path}",
              "enable_checkpointing=false", f"metrics_file={tmp_path / 'metrics.jsonl'}", "ntl_weight=0.3",
-             "ntl_number_loss=my_number_losses:scaled_gap(scale=2)"],
-            tmp_path, PYTHONPATH=os.pathsep.join([str(OWN_MODULE), os.environ.get("PYTHONPATH", "")]))
+             f"ntl_number_loss={spec}"],
+            tmp_path, PYTHONPATH=os.pathsep.join([str(path), os.environ.get("PYTHONPATH", "")]))
     train = [m for m in _metrics(tmp_path / "metrics.jsonl") if "learning/loss" in m]
     assert [m["step"] for m in train] == [0, 1]
     for m in train:

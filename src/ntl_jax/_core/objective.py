@@ -64,7 +64,7 @@ def cross_entropy_and_ntl(
     options = Options(number_loss=number_loss, ntl_weight=ntl_weight, cross_entropy=cross_entropy)
     weights = checks.check_logits_and_targets(logits, targets, number_tokens, weights)
     vocab = jnp.shape(logits)[-1]
-    head_of = functools.partial(_head_from_logits, logits, number_tokens, options.label_smoothing)
+    head_of = functools.partial(_head_from_logits, logits, number_tokens, options.cross_entropy.label_smoothing)
     run = pipeline.run(head_of, targets, weights, vocab, number_tokens, options.number_loss,
                        options.cross_entropy, loss_normalizing_factor=loss_normalizing_factor,
                        decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions)
@@ -133,8 +133,8 @@ def fused_cross_entropy_and_ntl(
 
     def head_of(target, reads, with_masses):
         return fused.head_stats_from_hidden(hidden, kernel, target, number_tokens, reads, plan,
-                                            label_smoothing=options.label_smoothing, with_masses=with_masses,
-                                            shards=shards)[0]
+                                            label_smoothing=options.cross_entropy.label_smoothing,
+                                            with_masses=with_masses, shards=shards)[0]
 
     run = pipeline.run(head_of, targets, weights, vocab, number_tokens, options.number_loss,
                        options.cross_entropy, loss_normalizing_factor=loss_normalizing_factor,
@@ -180,8 +180,8 @@ def objective_from_head(run: pipeline.Pass, number_tokens: NumberTokens, options
     head; the pass's weights are 0 wherever `target.keep` is False."""
     head, target, weights, factor = run
     ce, z, weight_sum = cross_entropy.weighted_sums(
-        head, target, weights, vocab, label_smoothing=options.label_smoothing, z_loss=options.z_loss,
-        loss_normalizing_factor=factor,
+        head, target, weights, vocab, label_smoothing=options.cross_entropy.label_smoothing,
+        z_loss=options.cross_entropy.z_loss, loss_normalizing_factor=factor,
     )
     if options.number_loss is None:
         ntl_sum = ntl_weight_sum = jnp.float32(0.0)

@@ -91,8 +91,7 @@ class Options:
       computed); held resolved;
     - `ntl_weight`: lambda, the number loss's weight (>= 0); None: the loss's own
       (`NumberLoss.default_weight`), held resolved;
-    - `cross_entropy`: the cross-entropy's options (`CrossEntropy`); its fields read
-      through (`label_smoothing`, `z_loss`, `gce_sigma`, `smoothed`).
+    - `cross_entropy`: the cross-entropy's options (`CrossEntropy`).
     """
 
     number_loss: Any = DEFAULT
@@ -104,20 +103,3 @@ class Options:
         object.__setattr__(self, "ntl_weight", weight_of(self.number_loss, self.ntl_weight))
         object.__setattr__(self, "cross_entropy", cross_entropy_of(self.cross_entropy))
         checks.check_real("ntl_weight", self.ntl_weight, low=0.0)
-
-    @property
-    def label_smoothing(self) -> float:
-        return self.cross_entropy.label_smoothing
-
-    @property
-    def z_loss(self) -> float:
-        return self.cross_entropy.z_loss
-
-    @property
-    def gce_sigma(self) -> float:
-        return self.cross_entropy.gce_sigma
-
-    @property
-    def smoothed(self) -> bool:
-        """Whether the cross-entropy's label is Gaussian-smoothed (`gce_sigma` > 0)."""
-        return self.cross_entropy.smoothed

@@ -190,8 +190,8 @@ def model_loss(
     vocab = jnp.shape(logits)[-1]
 
     def head_of(target, reads, with_masses):
-        return head_stats.from_logits(logits, target, number_tokens, reads, label_smoothing=options.label_smoothing,
-                                      with_masses=with_masses)
+        return head_stats.from_logits(logits, target, number_tokens, reads,
+                                      label_smoothing=options.cross_entropy.label_smoothing, with_masses=with_masses)
 
     run = _run(head_of, batch, weights, vocab, number_tokens, options, loss_normalizing_factor)
     return _model_loss_from_run(run, batch, number_tokens, options, vocab=vocab,
@@ -232,7 +232,7 @@ def model_loss_from_hidden(
 
     def head_of(target, reads, with_masses):
         head, top_ids = fused.head_stats_from_hidden(
-            hidden, kernel, target, number_tokens, reads, plan, label_smoothing=options.label_smoothing,
+            hidden, kernel, target, number_tokens, reads, plan, label_smoothing=options.cross_entropy.label_smoothing,
             with_masses=with_masses, with_top=True, shards=shards)
         top.append(top_ids)
         return head
@@ -424,7 +424,7 @@ class NTLLossMixin:
     @property
     def gce_sigma(self) -> float:
         """The width of the Gaussian label of the cross-entropy (0: the stock one-hot)."""
-        return self._options.gce_sigma
+        return self._options.cross_entropy.gce_sigma
 
     @property
     def fused_loss(self) -> bool | str:
