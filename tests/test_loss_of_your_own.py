@@ -72,6 +72,26 @@ def test_registering_a_name_again_replaces_it_and_a_shipped_name_stays_refused()
         losses.LOSSES.pop("again")
 
 
+def test_registering_a_constructor_at_a_modules_top_level_calls_it_once(tmp_path, monkeypatch):
+    (tmp_path / "counted_losses.py").write_text(
+        "import jax.numpy as jnp\n"
+        "from ntl_jax import losses\n"
+        "CALLS = []\n"
+        "@losses.register\n"
+        "def counted(*, scale=1.0):\n"
+        "    CALLS.append(scale)\n"
+        "    return losses.expectation('counted', lambda v, y: scale * jnp.abs(v - y))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import counted_losses
+        assert counted_losses.CALLS == [1.0]
+        losses.parse("counted(scale=3)")
+        assert counted_losses.CALLS == [1.0, 3.0]
+    finally:
+        sys.modules.pop("counted_losses", None)
+        losses.LOSSES.pop("counted", None)
+
+
 def test_the_errors_name_every_route_and_how_a_loss_of_your_own_takes_parameters(own_module_on_path):
     with pytest.raises(ValueError) as info:
         losses.parse("nowhere")

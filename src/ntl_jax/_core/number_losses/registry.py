@@ -69,16 +69,17 @@ def register(loss):
     Raises:
       ValueError: the name is a shipped loss's.
     """
-    return _register(loss, _importable(loss, sys._getframe(1)))
+    made = _made_by(loss)
+    return _register(loss, made, _importable(loss, made, sys._getframe(1)))
 
 
-def _importable(loss, frame) -> str | None:
+def _importable(loss, made: NumberLoss, frame) -> str | None:
     """`"module:attribute"` that gives `loss` in a process that imports `module`: the
     module registering it at its top level, or the module holding a constructor; None
     for neither (a notebook's `__main__`, a function's body)."""
     module = frame.f_globals.get("__name__")
     if frame.f_code.co_name == "<module>" and module not in (None, "__main__"):
-        return f"{module}:{_made_by(loss).name}"
+        return f"{module}:{made.name}"
     holder = sys.modules.get(getattr(loss, "__module__", None) or "")
     name = getattr(loss, "__qualname__", "")
     if holder is not None and holder.__name__ != "__main__" and getattr(holder, name, None) is loss:
@@ -86,10 +87,9 @@ def _importable(loss, frame) -> str | None:
     return None
 
 
-def _register(loss, importable: str | None):
-    """`register`, `importable` the `"module:attribute"` that gives `loss` in another
-    process (None: none)."""
-    made = _made_by(loss)
+def _register(loss, made: NumberLoss, importable: str | None):
+    """`register`, `made` the loss `loss` gives (its constructor called once), `importable`
+    the `"module:attribute"` that gives `loss` in another process (None: none)."""
     name = made.name
     shipped = SHIPPED.get(name) or _shipped_by_label().get(name)
     if shipped is not None and shipped is not loss and _made(shipped) is not loss:
@@ -126,7 +126,7 @@ def _from_entry_points(name: str) -> bool:
         if made.name != name:
             raise ValueError(f"expected the entry point {point.value!r} ({ENTRY_POINTS}) to give the number loss "
                              f"{name!r}, got {made.name!r}")
-        _register(loss, None)
+        _register(loss, made, None)
         return True
     return False
 
@@ -153,8 +153,9 @@ def _from_module(module: str, attribute: str, spec: str) -> str:
     if not isinstance(held, NumberLoss) and not callable(held):
         raise TypeError(f"expected {importable} to be a NumberLoss or a function returning one, got "
                         f"{type(held).__name__}")
-    _register(held, importable)
-    return _made_by(held).name
+    made = _made_by(held)
+    _register(held, made, importable)
+    return made.name
 
 
 def _made(constructor):
