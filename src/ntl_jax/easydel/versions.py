@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from importlib import metadata
+
+from ntl_jax._core.tested_releases import check_tested_release
 
 # The EasyDeL releases the tests (tests/easydel) ran with.
 TESTED_EASYDEL = ("0.3.0",)
@@ -23,9 +24,4 @@ def check_easydel_version(version: str | None = None) -> None:
             raise ModuleNotFoundError(
                 "ntl_jax.easydel needs EasyDeL: pip install -e '.[easydel]' (Python 3.11-3.13, in an "
                 "environment of its own: docs/guides/easydel.md)") from error
-    if version in TESTED_EASYDEL or os.environ.get(UNTESTED_EASYDEL_ENV) == "1":
-        return
-    raise RuntimeError(
-        f"expected EasyDeL {' or '.join(TESTED_EASYDEL)}, the version(s) ntl_jax.easydel is tested with, got easydel "
-        f"{version}. Install the tested one (pip install -e '.[easydel]', which pins it), or run tests/easydel with "
-        f"{version} (.ci/easydel) and, if they pass, set {UNTESTED_EASYDEL_ENV}=1")
+    check_tested_release("easydel", "EasyDeL", TESTED_EASYDEL, UNTESTED_EASYDEL_ENV, version)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import os
 from importlib import metadata
 from typing import Callable, Sequence
 
 import numpy as np
 
+from ntl_jax._core.tested_releases import check_tested_release
 from ntl_jax.maxtext import step, tiles
 from ntl_jax.maxtext.loss import (
     NTL_SUM,
@@ -42,13 +42,7 @@ def check_maxtext_version() -> None:
     """Raises `RuntimeError` if the MaxText installed is none of `TESTED_MAXTEXT`, unless
     `NTL_JAX_UNTESTED_MAXTEXT=1`: the integration replaces MaxText's functions by their
     names and relies on what they do, which a release may change."""
-    version = metadata.version("maxtext")
-    if version in TESTED_MAXTEXT or os.environ.get(UNTESTED_MAXTEXT_ENV) == "1":
-        return
-    raise RuntimeError(
-        f"expected MaxText {' or '.join(TESTED_MAXTEXT)}, the version(s) ntl_jax.maxtext is tested with, got maxtext "
-        f"{version}. Install the tested one (pip install -e '.[maxtext]', which pins it), or run tests/maxtext "
-        f"with {version} (.ci/maxtext) and, if they pass, launch with {UNTESTED_MAXTEXT_ENV}=1")
+    check_tested_release("maxtext", "MaxText", TESTED_MAXTEXT, UNTESTED_MAXTEXT_ENV, metadata.version("maxtext"))
 
 
 @contextlib.contextmanager
