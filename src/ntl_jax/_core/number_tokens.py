@@ -11,7 +11,6 @@ therefore works on traced values too.
 from __future__ import annotations
 
 import math
-from numbers import Real
 from typing import Any, Sequence
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntl_jax._core.compat import is_traced
+from ntl_jax._core.loss_params import check_number
 
 _DIGITS = frozenset("0123456789")
 # GPT-2 byte-level BPE's space, SentencePiece's space, and a plain space: `prefixed_numbers`.
@@ -289,11 +289,7 @@ class NumberTokens:
             distinct values to squash.
         """
         if squash_factor is not None:
-            if isinstance(squash_factor, (bool, np.bool_)) or not isinstance(squash_factor, Real):
-                raise TypeError(f"number loss 'was': expected squash_factor to be a Python number, "
-                                f"got {type(squash_factor).__name__} {squash_factor!r}")
-            if not math.isfinite(squash_factor) or squash_factor <= 1:
-                raise ValueError(f"number loss 'was': expected squash_factor finite and > 1, got {squash_factor!r}")
+            check_number("was", "squash_factor", squash_factor, low=1.0, low_inclusive=False)
             check_squashable(self)
         v = jnp.asarray(self.number_values, jnp.float32)
         return squash_distances(self, jnp.abs(v[:, None] - v[None, :]), squash_factor)

@@ -7,9 +7,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ntl_jax._core.loss_params import check_number
 from ntl_jax._core.number_losses.number_loss import (
     NumberLoss,
-    check_number,
     number_values,
     off_default,
 )

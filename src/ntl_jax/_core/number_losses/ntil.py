@@ -10,11 +10,10 @@ import numpy as np
 
 from ntl_jax._core import digit_runs
 from ntl_jax._core.compat import is_traced
+from ntl_jax._core.loss_params import check_choice, check_number
 from ntl_jax._core.number_losses.number_loss import (
     COMBINES,
     NumberLoss,
-    check_choice,
-    check_number,
     number_values,
     off_default,
 )

@@ -13,11 +13,9 @@ import numpy as np
 
 from ntl_jax._core import digit_runs
 from ntl_jax._core.compat import is_traced
+from ntl_jax._core.loss_params import check_bool, check_int, check_number
 from ntl_jax._core.number_losses.number_loss import (
     NumberLoss,
-    check_bool,
-    check_int,
-    check_number,
     number_values,
     off_default,
     one_hot,

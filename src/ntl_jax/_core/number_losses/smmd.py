@@ -9,10 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntl_jax._core.compat import is_traced
+from ntl_jax._core.loss_params import check_choice, check_number
 from ntl_jax._core.number_losses.number_loss import (
     NumberLoss,
-    check_choice,
-    check_number,
     off_default,
     one_hot,
 )
