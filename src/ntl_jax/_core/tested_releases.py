@@ -19,4 +19,3 @@ def check_tested_release(distribution: str, shown: str, tested: tuple, untested_
         f"expected {shown} {' or '.join(tested)}, the version(s) ntl_jax.{distribution} is tested with, got "
         f"{distribution} {version}. Install the tested one (pip install -e '.[{distribution}]', which pins it), or "
         f"run tests/{distribution} with {version} (.ci/{distribution}) and, if they pass, set {untested_env}=1")
-

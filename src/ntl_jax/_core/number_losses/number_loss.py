@@ -196,7 +196,7 @@ def apply_reweigh(loss, masses, number_loss: NumberLoss, number_tokens: NumberTo
     return loss * mass + _REWEIGH_MARGIN * number_loss.ceiling(number_tokens) * rest
 
 
-# -- Checking a constructor's arguments -------------------------------------------------
+# -- A constructor's parameters (their checks: loss_params.py) ---------------------------
 
 
 def off_default(**params) -> tuple:
