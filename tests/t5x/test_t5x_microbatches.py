@@ -32,8 +32,9 @@ def _whole_batch():
 
 
 def _authors_objective(params, batch, stock, number_tokens, weight):
-    """CE as T5X computes it for the slice, plus λ × NTL-WAS's mean over the slice's number
-    targets, scaled by the weights' sum over T5X's factor (1 under NUM_REAL_TARGET_TOKENS)."""
+    """`(CE, term)`: CE as T5X computes it for the slice, and λ × NTL-WAS's mean over the
+    slice's number targets (the term as it stands beside CE under NUM_REAL_TARGET_TOKENS,
+    where T5X's factor is the weights' sum)."""
     ce, _ = stock.loss_fn(params, batch, None)
     logits = stock._compute_logits(params, batch)
     targets, weights = batch["decoder_target_tokens"], batch["decoder_loss_weights"]
